@@ -1,0 +1,1 @@
+"""Analytical, Hopper-aware tiling model that ranks TileLang hints."""
