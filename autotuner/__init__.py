@@ -1,0 +1,18 @@
+"""tilecarve's autotuner: compile candidates in parallel, check, time, and cache every trial.
+
+>>> from autotuner import AutoTuner
+>>> result = (AutoTuner.from_kernel(kernel=kernel, configs=configs)
+...           .set_compile_args(out_idx=[-1], ref_prog=ref_program, target="auto")
+...           .run(warmup=3, rep=20))
+>>> out = result.kernel(a, b)
+
+Heavy modules (tilelang, torch) are imported only when a run needs them.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .tuner import STATUSES, AutoTuner, Trial, TunedKernel, TuneResult, TuningError
+
+__all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError", "__version__"]

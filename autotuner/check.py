@@ -1,0 +1,168 @@
+"""Generate inputs, run a candidate with NaN-poisoned outputs, and compare it with the reference.
+
+The check is strict by default (``max_mismatched_ratio=0``): a kernel that is wrong on one element
+in a million is wrong. Outputs start as NaN (or, for integer outputs, a sentinel), so an element a
+kernel forgot to write shows up as a mismatch rather than as stale zeros.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type"]
+
+
+class SupplyType(enum.Enum):
+    """How inputs are generated. ``AUTO``: normal data for floats, small integers for integer dtypes."""
+
+    AUTO = "auto"
+    INTEGER = "integer"
+    NORMAL = "normal"
+    UNIFORM = "uniform"
+
+
+def parse_supply_type(value: Any) -> SupplyType:
+    """Accept our enum, its name or value, or TileLang's ``TensorSupplyType`` (by member name)."""
+    if value is None:
+        return SupplyType.AUTO
+    if isinstance(value, SupplyType):
+        return value
+    name = getattr(value, "name", value)  # tilelang.TensorSupplyType.Integer -> "Integer"
+    if isinstance(name, str):
+        key = name.strip().lower()
+        aliases = {"randn": "normal", "int": "integer"}
+        key = aliases.get(key, key)
+        for member in SupplyType:
+            if member.value == key:
+                return member
+    raise ValueError(
+        f"supply_type {value!r} is not supported; use one of {[m.value for m in SupplyType]} "
+        "(or tilelang.TensorSupplyType.Integer/Uniform/Normal/Randn/Auto)"
+    )
+
+
+def _torch_dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype)
+    table = {"float": "float32", "half": "float16", "bool": "bool"}
+    name = table.get(name, name)
+    if name.startswith("float8_e4m3"):
+        return torch.float8_e4m3fn
+    if name.startswith("float8_e5m2"):
+        return torch.float8_e5m2
+    try:
+        return getattr(torch, name)
+    except AttributeError:
+        raise ValueError(f"kernel parameter dtype {dtype!r} has no torch equivalent") from None
+
+
+def _concrete_shape(shape: Sequence[Any], i: int) -> list[int]:
+    out = []
+    for s in shape:
+        try:
+            out.append(int(s))
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"kernel parameter {i} has a symbolic shape {list(shape)}; the tuner needs concrete "
+                "shapes to generate inputs: bind them in the kernel (e.g. M=4096) before tuning"
+            ) from None
+    return out
+
+
+def _fill(shape: list[int], dtype: Any, supply: SupplyType, device: str, gen: Any) -> Any:
+    import torch
+
+    is_float = dtype.is_floating_point
+    if not is_float or supply is SupplyType.INTEGER:
+        lo, hi = (0, 2) if dtype == torch.bool else ((-2, 3) if dtype.is_signed or is_float else (0, 4))
+        t = torch.randint(lo, hi, shape, generator=gen, device="cpu", dtype=torch.int64)
+    elif supply is SupplyType.UNIFORM:
+        t = torch.rand(shape, generator=gen, device="cpu", dtype=torch.float32) * 2 - 1
+    else:
+        t = torch.randn(shape, generator=gen, device="cpu", dtype=torch.float32)
+    return t.to(dtype=dtype, device=device)
+
+
+def _poison(shape: list[int], dtype: Any, device: str) -> Any:
+    import torch
+
+    if dtype.is_floating_point:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if dtype == torch.bool:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
+
+
+def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, device: str,
+              seed: int = 0) -> list[Any]:
+    """One tensor per kernel parameter: generated inputs, poisoned outputs (at ``out_idx``)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    args = []
+    for i, p in enumerate(params):
+        dtype = _torch_dtype(p.dtype)
+        shape = _concrete_shape(p.shape, i)
+        args.append(_poison(shape, dtype, device) if i in out_idx else _fill(shape, dtype, supply, device, gen))
+    return args
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    mismatched: int
+    total: int
+    detail: str
+
+
+def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: float,
+            max_mismatched_ratio: float) -> CheckResult:
+    """Element-wise ``|out - ref| <= atol + rtol*|ref|``; NaN in the output never passes."""
+    import torch
+
+    if len(outputs) != len(refs):
+        return CheckResult(False, 0, 0, f"kernel has {len(outputs)} outputs but ref_prog returned {len(refs)}")
+    bad = total = 0
+    worst = []
+    for j, (o, r) in enumerate(zip(outputs, refs)):
+        if not isinstance(r, torch.Tensor):
+            r = torch.as_tensor(r)
+        if tuple(o.shape) != tuple(r.shape):
+            return CheckResult(False, 0, 0, f"output {j} has shape {tuple(o.shape)}, reference {tuple(r.shape)}")
+        # compare where the output lives (a GEMM output copied to the host would dominate the check)
+        wide = torch.float64 if o.device.type == "cpu" else torch.float32
+        of = o.detach().to(dtype=wide)
+        rf = r.detach().to(device=o.device, dtype=wide)
+        diff = (of - rf).abs()
+        tol = atol + rtol * rf.abs()
+        mism = ~(diff <= tol)  # NaN compares False, so it counts as a mismatch
+        mism &= ~(torch.isnan(of) & torch.isnan(rf))  # both NaN: the reference agrees
+        n = int(mism.sum())
+        bad += n
+        total += mism.numel()
+        if n:
+            nan = int(torch.isnan(of).sum())
+            finite = diff[~torch.isnan(diff)]
+            msg = f"output {j}: {n}/{mism.numel()} mismatched"
+            if finite.numel():
+                msg += f", max |diff| {float(finite.max()):.4g}"
+            if nan:
+                msg += f", {nan} NaN (never written, or the kernel produced NaN)"
+            worst.append(msg)
+    ratio = bad / total if total else 0.0
+    ok = bad == 0 or ratio <= max_mismatched_ratio
+    detail = "; ".join(worst) + (f" (allowed ratio {max_mismatched_ratio:g}, atol={atol:g}, rtol={rtol:g})"
+                                 if worst else "")
+    return CheckResult(ok, bad, total, detail)
+
+
+def run_reference(ref_prog: Callable[..., Any], inputs: Sequence[Any]) -> list[Any]:
+    """Call ``ref_prog`` on the inputs; always return a list of outputs."""
+    out = ref_prog(*inputs)
+    return list(out) if isinstance(out, (tuple, list)) else [out]

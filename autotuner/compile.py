@@ -1,0 +1,206 @@
+"""Compile candidates in parallel worker processes, each compile in a killable child.
+
+Layout of the work:
+
+* joblib runs one task per config on its worker processes (loky by default, all cores; an outer
+  ``joblib.parallel_config(backend="dask"|"ray")`` moves them to a cluster).
+* Inside a task, the compile itself runs in a forked child in its own process group. A compile
+  that hangs past ``timeout`` is killed with its nvcc grandchildren; one that segfaults is a
+  ``compile_error`` with its signal. Either way the worker survives for the next task.
+* The child compiles through ``tilelang.compile``, which stores the built library in TileLang's
+  disk cache. The parent later calls the same :func:`tl_compile` on the same PrimFunc and gets a
+  disk hit: it loads a shared object instead of compiling a second time.
+* Workers hide the GPU (``CUDA_VISIBLE_DEVICES=""``) before they import anything heavy: they compile
+  for the explicit target the parent resolved, and never create a CUDA context.
+* Kernels defined in a notebook cell or a REPL have no file on disk; TileLang reads source through
+  ``inspect``, which reads ``linecache``. The parent ships those lines with the job and the worker
+  seeds its own ``linecache`` with them.
+"""
+
+from __future__ import annotations
+
+import linecache
+import logging
+import os
+import signal
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CompileOutcome", "compile_all", "kernel_sources", "tl_compile"]
+
+logger = logging.getLogger(__name__)
+
+#: How much of a compiler error we keep per trial: the tail carries the actual diagnostic.
+ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """What one candidate's compile did."""
+
+    index: int
+    status: str  # "ok" | "compile_error" | "timeout"
+    error: str | None
+    seconds: float
+
+
+def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None) -> Any:
+    """The one call that compiles (or loads from TileLang's disk cache) a PrimFunc.
+
+    Workers and the parent must call it with identical arguments so that the parent's call is a
+    cache hit. Every argument is explicit (``out_idx=None``: the tuner passes outputs itself, so it
+    can pre-fill them with NaN; the result wraps the user's ``out_idx``).
+    """
+    import tilelang
+
+    return tilelang.compile(func, out_idx=None, target=target_spec, pass_configs=pass_configs)
+
+
+def _cloudpickle() -> Any:
+    """cloudpickle pickles notebook and ``__main__`` functions by value; joblib < 1.5 vendors it."""
+    try:
+        import cloudpickle
+    except ImportError:
+        from joblib.externals import cloudpickle
+    return cloudpickle
+
+
+def _code_filenames(code: types.CodeType, out: set[str]) -> None:
+    out.add(code.co_filename)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_filenames(const, out)
+
+
+def kernel_sources(kernel: Callable[..., Any]) -> dict[str, list[str]]:
+    """Source lines a worker cannot read from disk: notebook cells, REPL input, exec'd strings.
+
+    Only files that do not exist but that ``linecache`` knows in this process are shipped.
+    """
+    fn = getattr(kernel, "func", kernel)  # functools.partial
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    names: set[str] = set()
+    _code_filenames(code, names)
+    out: dict[str, list[str]] = {}
+    for name in names:
+        if os.path.exists(name):
+            continue
+        lines = linecache.getlines(name)
+        if lines:
+            out[name] = lines
+    return out
+
+
+def _seed_linecache(sources: dict[str, list[str]]) -> None:
+    for name, lines in sources.items():
+        # mtime None: linecache.checkcache() leaves entries without a file alone
+        linecache.cache[name] = (sum(map(len, lines)), None, list(lines), name)
+
+
+def _child_compile(payload: bytes, config: dict[str, Any], target_spec: Any,
+                   pass_configs: dict[str, Any] | None, wfd: int) -> None:
+    """Runs in the forked child: compile one config, report through ``wfd``, never return."""
+    import pickle
+
+    status, err = "ok", None
+    try:
+        os.setsid()  # own process group, so a timeout kills nvcc too
+        # This throwaway child leaves through os._exit, which skips the finalizers that tell the
+        # inherited multiprocessing resource tracker to forget objects made here; stop it from
+        # registering them at all, or the parent warns of "leaked semaphores" at exit.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.register = lambda *args, **kwargs: None
+        kernel = _cloudpickle().loads(payload)
+        func = kernel(**config)
+        tl_compile(func, target_spec, pass_configs)
+    except BaseException as e:  # noqa: BLE001 - any failure of the user's kernel or the compiler is a result
+        status = "compile_error"
+        err = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"[-ERROR_CHARS:]
+    try:
+        os.write(wfd, pickle.dumps((status, err)))
+    finally:
+        os._exit(0)
+
+
+def _compile_task(payload: bytes, sources: dict[str, list[str]], index: int, config: dict[str, Any],
+                  target_spec: Any, pass_configs: dict[str, Any] | None, timeout: float,
+                  parent_pid: int) -> CompileOutcome:
+    """One joblib task: fork a child that compiles ``config``; wait at most ``timeout`` seconds."""
+    import pickle
+    import selectors
+
+    if os.getpid() != parent_pid:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a worker process never touches the GPU
+    _seed_linecache(sources)
+    import tilelang  # noqa: F401 - import once per worker so each forked child starts warm
+
+    t0 = time.perf_counter()
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(rfd)
+        _child_compile(payload, config, target_spec, pass_configs, wfd)
+    os.close(wfd)
+    chunks: list[bytes] = []
+    deadline = t0 + timeout
+    timed_out = False
+    with selectors.DefaultSelector() as sel:
+        sel.register(rfd, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                timed_out = True
+                break
+            if not sel.select(timeout=left):
+                continue
+            data = os.read(rfd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    os.close(rfd)
+    if timed_out:
+        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                kill()
+            except ProcessLookupError:
+                pass
+    _, wstatus = os.waitpid(pid, 0)
+    seconds = time.perf_counter() - t0
+    if timed_out:
+        return CompileOutcome(index, "timeout", f"compile exceeded compile_timeout={timeout:g} s; killed", seconds)
+    if chunks:
+        status, err = pickle.loads(b"".join(chunks))
+        return CompileOutcome(index, status, err, seconds)
+    if os.WIFSIGNALED(wstatus):
+        why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
+    else:
+        why = f"compiler process exited with status {os.waitstatus_to_exitcode(wstatus)} without a result"
+    return CompileOutcome(index, "compile_error", why, seconds)
+
+
+def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indices: list[int], target_spec: Any,
+                *, timeout: float, n_jobs: int | None, pass_configs: dict[str, Any] | None = None
+                ) -> Iterator[CompileOutcome]:
+    """Compile ``configs[i]`` for each ``i`` in ``indices``; yield outcomes as they finish (any order)."""
+    from joblib import Parallel, delayed
+
+    if not indices:
+        return iter(())
+    payload = _cloudpickle().dumps(kernel)
+    sources = kernel_sources(kernel)
+    n = n_jobs if n_jobs is not None else -1
+    if n == -1 or n > len(indices):
+        n = min(len(indices), os.cpu_count() or 1)
+    par = Parallel(n_jobs=n, return_as="generator_unordered")
+    me = os.getpid()
+    return par(
+        delayed(_compile_task)(payload, sources, i, configs[i], target_spec, pass_configs, timeout, me)
+        for i in indices
+    )

@@ -1,0 +1,95 @@
+"""Config lists are normalised once, at the API edge, so every later step can trust them.
+
+A config is a plain ``dict`` of keyword arguments for the user's kernel function. We check the
+whole list before anything compiles: an unknown key or a non-dict entry is a user bug, and finding
+it after ten minutes of compilation would be the worst time to find it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+__all__ = ["RESERVED_PARAMS", "config_label", "config_to_json", "normalize_configs"]
+
+#: Parameters a TileLang kernel conventionally exposes for tuning.
+RESERVED_PARAMS = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
+
+_JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def _accepted_params(kernel: Callable[..., Any]) -> set[str] | None:
+    """Keyword names ``kernel`` accepts, or ``None`` when it takes ``**kwargs`` (anything goes)."""
+    try:
+        sig = inspect.signature(kernel)  # a functools.partial reports only its unbound parameters
+    except (TypeError, ValueError):  # builtins and some C callables have no signature
+        return None
+    names: set[str] = set()
+    for p in sig.parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.add(p.name)
+    return names
+
+
+def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Return ``configs`` as a list of plain dicts, or raise ``ValueError``/``TypeError`` naming the culprit.
+
+    Rejected up front: a non-list or empty list, a non-dict entry, a key the kernel does not accept,
+    a value that cannot be stored in the tuning database (it must be a JSON scalar), and duplicates.
+    """
+    if isinstance(configs, (str, bytes, Mapping)) or not isinstance(configs, Iterable):
+        raise TypeError(
+            f"configs must be a list of dicts, got {type(configs).__name__}; "
+            "wrap a single config as [config]"
+        )
+    configs = list(configs)
+    if not configs:
+        raise ValueError("configs is empty: give at least one config dict, e.g. [{'block_M': 128, ...}]")
+    accepted = _accepted_params(kernel)
+    out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for i, cfg in enumerate(configs):
+        if not isinstance(cfg, Mapping):
+            raise TypeError(f"configs[{i}] must be a dict of kernel keyword arguments, got {cfg!r}")
+        cfg = dict(cfg)
+        for k, v in cfg.items():
+            if not isinstance(k, str):
+                raise TypeError(f"configs[{i}] has a non-string key {k!r}")
+            if accepted is not None and k not in accepted:
+                raise ValueError(
+                    f"configs[{i}] has unknown key {k!r}: {_kernel_name(kernel)} accepts "
+                    f"{sorted(accepted)}; fix the key or add the parameter to the kernel"
+                )
+            if not isinstance(v, _JSON_SCALARS):
+                raise TypeError(
+                    f"configs[{i}][{k!r}] = {v!r} is a {type(v).__name__}; config values must be "
+                    "bool, int, float, str or None so that trials can be stored and compared"
+                )
+        label = config_to_json(cfg)
+        if label in seen:
+            raise ValueError(f"configs[{i}] duplicates configs[{seen[label]}]: {cfg!r}; remove one")
+        seen[label] = i
+        out.append(cfg)
+    return out
+
+
+def config_to_json(config: Mapping[str, Any]) -> str:
+    """Canonical text of a config: the form stored in the database and hashed into cache keys."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+def config_label(config: Mapping[str, Any]) -> str:
+    """Short human label for logs and tables, reserved parameters first."""
+    keys = [k for k in RESERVED_PARAMS if k in config] + sorted(k for k in config if k not in RESERVED_PARAMS)
+    short = {"block_M": "M", "block_N": "N", "block_K": "K", "num_stages": "st", "thread_num": "thr",
+             "enable_rasterization": "ras"}
+    return " ".join(f"{short.get(k, k)}={config[k]}" for k in keys)
+
+
+def _kernel_name(kernel: Callable[..., Any]) -> str:
+    inner = getattr(kernel, "func", kernel)  # functools.partial
+    return getattr(inner, "__qualname__", repr(inner))

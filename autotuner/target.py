@@ -1,0 +1,97 @@
+"""Resolve the user's ``target`` once, in the parent, into an explicit TVM target.
+
+Compile workers must never touch the GPU, so they cannot ask the driver which architecture to
+build for. The parent resolves ``"auto"``/``"cuda"`` to an explicit ``{"kind": "cuda", "arch":
+"sm_XY"}`` (``sm_90a`` on Hopper, where wgmma needs it) and ships that to the workers. The same
+explicit target goes into the cache key, together with the device name, so an H100 and an H200
+never share a tuning result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ResolvedTarget", "resolve_target"]
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """An explicit compile target plus what the parent needs to run and time on it."""
+
+    spec: Any  # str ("c") or a dict for tvm.target.Target: picklable, so it ships to workers
+    kind: str  # "cuda" or "c"
+    arch: str | None  # e.g. "sm_90a"; None for the CPU
+    device_name: str | None  # e.g. "NVIDIA H200"; None when compile-only or CPU
+    runnable: bool  # can this process run kernels for it (a GPU of that arch is present)?
+
+    def tvm(self):
+        """The ``tvm.target.Target`` (imported lazily: tvm is heavy)."""
+        from tvm.target import Target
+
+        return Target(self.spec)
+
+    def key(self) -> str:
+        """Everything about the target that changes a tuning answer."""
+        return f"{self.tvm()}|device={self.device_name}"
+
+
+def _local_cuda_arch() -> tuple[str, str] | None:
+    """``(arch, device name)`` of local GPU 0, or ``None`` when there is none."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
+    return arch, torch.cuda.get_device_name(0)
+
+
+def resolve_target(target: Any) -> ResolvedTarget:
+    """Turn ``"auto"``, ``"cuda"``, ``"c"``, a dict or a ``tvm.target.Target`` into a ResolvedTarget.
+
+    ``"auto"`` means the local CUDA GPU when there is one, otherwise TileLang's C target on the CPU.
+    A CUDA target with an explicit ``arch`` that differs from the local GPU (or with no local GPU)
+    is compile-only: candidates compile, nothing runs.
+    """
+    local = _local_cuda_arch()
+    if target is None or (isinstance(target, str) and target == "auto"):
+        target = "cuda" if local else "c"
+    if isinstance(target, str):
+        if target == "c":
+            return ResolvedTarget(spec="c", kind="c", arch=None, device_name=None, runnable=True)
+        if target == "cuda":
+            if local is None:
+                raise ValueError(
+                    "target='cuda' needs a CUDA GPU to pick the architecture, and none is visible; "
+                    "use target='c' to tune on the CPU, or an explicit "
+                    "{'kind': 'cuda', 'arch': 'sm_90a'} to compile without running"
+                )
+            arch, name = local
+            return ResolvedTarget({"kind": "cuda", "arch": arch}, "cuda", arch, name, True)
+        raise ValueError(
+            f"unknown target {target!r}: use 'auto', 'cuda', 'c', a dict such as "
+            "{'kind': 'cuda', 'arch': 'sm_90a'}, or a tvm.target.Target"
+        )
+    if isinstance(target, dict):
+        spec = dict(target)
+    elif hasattr(target, "export"):  # tvm.target.Target
+        spec = {k: v for k, v in dict(target.export()).items() if k in ("kind", "arch", "keys", "tag") and v}
+        spec.pop("keys", None)
+        spec.pop("tag", None)
+    else:
+        raise TypeError(f"target must be a str, dict or tvm.target.Target, got {type(target).__name__}")
+    kind = str(spec.get("kind", ""))
+    if kind == "c":
+        return ResolvedTarget(spec="c", kind="c", arch=None, device_name=None, runnable=True)
+    if kind != "cuda":
+        raise ValueError(f"target kind {kind!r} is not supported; tilecarve tunes for 'cuda' and 'c'")
+    if "arch" not in spec:
+        if local is None:
+            raise ValueError(f"target {spec!r} has no 'arch' and no GPU is visible; add e.g. 'arch': 'sm_90a'")
+        spec["arch"] = local[0]
+    arch = str(spec["arch"])
+    runnable = local is not None and local[0].rstrip("a") == arch.rstrip("a")
+    return ResolvedTarget(spec, "cuda", arch, local[1] if runnable else None, runnable)

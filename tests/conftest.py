@@ -1,0 +1,43 @@
+"""Test tiers (see docs/testing.md): pure logic, the autotuner end to end on TileLang's C target,
+CUDA compile-only with nvcc for sm_90a (marker ``nvcc``), and real GPU runs (marker ``gpu``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/kernels: kernels TileLang can read via inspect
+
+
+def _has_cuda_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu = _has_cuda_gpu()
+    nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    skip_gpu = pytest.mark.skip(
+        reason="needs a CUDA GPU; run on the GPU machine: . .gpu/setup.sh && python3 -m pytest -m gpu")
+    skip_nvcc = pytest.mark.skip(reason="needs nvcc (CUDA toolkit) to compile sm_90a code; none found on PATH")
+    for item in items:
+        if "gpu" in item.keywords and not gpu:
+            item.add_marker(skip_gpu)
+        if "nvcc" in item.keywords and not nvcc:
+            item.add_marker(skip_nvcc)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own tuning database; TileLang's kernel cache is shared per session
+    (it is keyed by the kernel's full text, so sharing it is safe and saves compile time)."""
+    monkeypatch.setenv("TILECARVE_CACHE_DIR", str(tmp_path_factory.mktemp("tilecarve-cache")))
+    if "TILELANG_CACHE_DIR" not in os.environ:
+        os.environ["TILELANG_CACHE_DIR"] = str(tmp_path_factory.getbasetemp() / "tilelang-cache")

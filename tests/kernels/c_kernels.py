@@ -1,0 +1,58 @@
+"""Kernels for the C-target (CPU) tests of the autotuner. TileLang reads them through inspect,
+so they live in a file."""
+
+import time
+
+import tilelang.language as T
+
+M = 256
+N = 256
+
+
+def add(block_M: int = 32, block_N: int = 32, thread_num: int = 1, dtype: str = "float32"):
+    """C = A + B, tiled; every config is correct."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+def add_buggy(block_M: int = 32, block_N: int = 32, thread_num: int = 1, dtype: str = "float32"):
+    """Like add, but block_N=16 writes A - B (a wrong result) and block_N=64 leaves half of C unwritten."""
+    sign = -1.0 if block_N == 16 else 1.0
+    cols = block_N // 2 if block_N == 64 else block_N
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+            for i, j in T.Parallel(block_M, cols):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j] * sign
+
+    return main
+
+
+def add_failing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, hang: bool = False, dtype: str = "float32"):
+    """block_M=0 fails while elaborating, block_M=48 fails in the compiler, hang=True never returns."""
+    if hang:
+        while True:
+            time.sleep(0.1)
+    if block_M == 0:
+        raise ValueError("block_M must be positive, got 0")
+    if block_M == 48:
+        dtype = "not_a_dtype"
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+def ref_add(A, B):
+    return A + B

@@ -1,0 +1,219 @@
+"""The autotuner end to end on TileLang's C target: real compilation, checking, timing, caching.
+
+Each test compiles a handful of tiny kernels (about half a second each on one core)."""
+
+from __future__ import annotations
+
+import linecache
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from kernels import c_kernels
+from kernels.c_kernels import add, add_buggy, add_failing, ref_add
+
+from autotuner import AutoTuner, TuningError
+from autotuner.cache import cache_dir
+
+GRID = [dict(block_M=bm, block_N=bn) for bm in (32, 64) for bn in (16, 32, 64)]
+
+
+def tune(kernel, configs, **compile_args):
+    compile_args.setdefault("out_idx", [-1])
+    compile_args.setdefault("ref_prog", ref_add)
+    compile_args.setdefault("target", "c")
+    return AutoTuner.from_kernel(kernel, configs).set_compile_args(**compile_args).set_tuning(n_jobs=2).run(1, 5)
+
+
+def by_cfg(result):
+    return {tuple(sorted(t.config.items())): t for t in result.trials}
+
+
+def test_parallel_tuning_picks_the_fastest_correct_config():
+    result = tune(add_buggy, GRID)
+    trials = by_cfg(result)
+    assert len(result.trials) == len(GRID)
+    for t in result.trials:
+        expected = {16: "mismatch", 32: "ok", 64: "mismatch"}[t.config["block_N"]]
+        assert t.status == expected, t
+        assert t.compile_s is not None and t.compile_s > 0
+    unwritten = trials[(("block_M", 32), ("block_N", 64))]
+    assert "NaN" in unwritten.error  # the half of C it never wrote is caught by the poison
+    ok = [t for t in result.trials if t.status == "ok"]
+    assert all(t.median_ms > 0 and t.min_ms <= t.median_ms and t.iqr_ms >= 0 for t in ok)
+    assert result.latency == min(t.median_ms for t in ok)
+    assert result.config["block_N"] == 32
+    assert result.ref_latency is not None and result.ref_latency > 0
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+    assert not result.from_cache
+    assert "ok" in result.summary()
+
+
+def test_max_mismatched_ratio_takes_effect():
+    cfg = [dict(block_M=32, block_N=64)]  # leaves exactly half of C unwritten
+    with pytest.raises(TuningError, match="1 mismatch"):
+        tune(add_buggy, cfg)
+    assert tune(add_buggy, cfg, max_mismatched_ratio=0.6).trials[0].status == "ok"
+
+
+def test_compile_failures_are_recorded_and_never_fatal():
+    configs = [dict(block_M=32), dict(block_M=0), dict(block_M=48), dict(block_M=64)]
+    result = tune(add_failing, configs)
+    status = {t.config["block_M"]: t for t in result.trials}
+    assert status[0].status == "compile_error" and "block_M must be positive" in status[0].error
+    assert status[48].status == "compile_error" and status[48].error
+    assert status[32].status == status[64].status == "ok"
+
+
+def test_hung_compile_is_killed_at_its_timeout():
+    configs = [dict(block_M=32), dict(block_M=64, hang=True)]
+    t0 = time.perf_counter()
+    result = tune(add_failing, configs, compile_timeout=4)
+    assert time.perf_counter() - t0 < 60
+    hung = [t for t in result.trials if t.config.get("hang")][0]
+    assert hung.status == "timeout" and "compile_timeout=4" in hung.error
+    assert 4 <= hung.compile_s < 30
+    assert result.config == dict(block_M=32)
+
+
+def test_validate_rejects_before_compiling():
+    def validate(cfg):
+        return [f"block_M={cfg['block_M']} too large; use <= 32"] if cfg["block_M"] > 32 else []
+
+    result = (AutoTuner.from_kernel(add, [dict(block_M=32), dict(block_M=64)], validate=validate)
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c").set_tuning(n_jobs=1).run(1, 3))
+    rejected = [t for t in result.trials if t.config["block_M"] == 64][0]
+    assert rejected.status == "resource_error" and rejected.compile_s is None and "too large" in rejected.error
+
+
+def test_nothing_survives_says_what_failed():
+    with pytest.raises(TuningError) as e:
+        tune(add_failing, [dict(block_M=0), dict(block_M=48)])
+    assert "2 compile_error" in str(e.value) and "block_M must be positive" in str(e.value)
+
+
+def test_second_run_is_served_from_the_database(monkeypatch):
+    first = tune(add, GRID[:3])
+    import autotuner.tuner as tuner_mod
+
+    def no_compile(*a, **k):
+        raise AssertionError("a warm run must not compile candidates")
+
+    monkeypatch.setattr(tuner_mod, "compile_all", no_compile)
+    second = tune(add, GRID[:3])
+    assert second.from_cache and second.config == first.config and second.latency == first.latency
+    assert [t.status for t in second.trials] == [t.status for t in first.trials]
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.testing.assert_close(second.kernel(a, b), a + b)
+    db = cache_dir() / "tuning.sqlite"
+    n = sqlite3.connect(db).execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    assert n == 3  # every trial is stored, not only the winner
+
+
+def test_changing_a_global_or_closure_value_misses_the_cache(monkeypatch):
+    cfg = [dict(block_M=32, block_N=32)]
+    assert not tune(add, cfg).from_cache
+    assert tune(add, cfg).from_cache
+    monkeypatch.setattr(c_kernels, "M", 128)  # a global the kernel reads: 256 -> 128 rows
+    r = tune(add, cfg, ref_prog=ref_add)
+    assert not r.from_cache
+    a, b = torch.randn(128, 256), torch.randn(128, 256)
+    torch.testing.assert_close(r.kernel(a, b), a + b)
+
+    def make(scale):
+        def k(block_M=32, block_N=32):
+            return add(block_M, block_N, dtype="float32" if scale else "float32")
+        return k
+
+    assert not tune(make(1), cfg).from_cache
+    assert not tune(make(0), cfg).from_cache  # same source, other closure value
+
+
+def test_kernel_from_a_notebook_cell_tunes_with_process_workers():
+    """A cell has no file: the worker gets its source through linecache, as IPython's parent has it."""
+    cell = textwrap.dedent('''
+        import tilelang.language as T
+
+        def cell_add(block_M=32, block_N=32):
+            @T.prim_func
+            def main(A: T.Tensor((64, 64), "float32"), B: T.Tensor((64, 64), "float32"),
+                     C: T.Tensor((64, 64), "float32")):
+                with T.Kernel(T.ceildiv(64, block_N), T.ceildiv(64, block_M), threads=1) as (bx, by):
+                    for i, j in T.Parallel(block_M, block_N):
+                        C[by * block_M + i, bx * block_N + j] = (A[by * block_M + i, bx * block_N + j]
+                                                                 + B[by * block_M + i, bx * block_N + j])
+            return main
+    ''')
+    filename = "<ipython-input-7-0123456789ab>"
+    linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
+    ns = {"__name__": "__notebook_cell__"}
+    exec(compile(cell, filename, "exec"), ns)
+    result = tune(ns["cell_add"], [dict(block_M=16), dict(block_M=32)])
+    assert [t.status for t in result.trials] == ["ok", "ok"], result.trials
+
+
+BAD_ARGS = [
+    ([], {}, ValueError, "configs is empty"),
+    ([dict(block_M=32), 5], {}, TypeError, r"configs\[1\] must be a dict"),
+    ([dict(block_X=32)], {}, ValueError, "unknown key 'block_X'"),
+    ([dict(block_M=[32])], {}, TypeError, "config values must be"),
+    ([dict(block_M=32), dict(block_M=32)], {}, ValueError, "duplicates"),
+    ([dict(block_M=32)], dict(target="tpu"), ValueError, "unknown target 'tpu'"),
+    ([dict(block_M=32)], dict(supply_type="gaussianish"), ValueError, "supply_type 'gaussianish'"),
+    ([dict(block_M=32)], dict(atol=-1), ValueError, "atol must be"),
+    ([dict(block_M=32)], dict(max_mismatched_ratio=2), ValueError, "max_mismatched_ratio"),
+    ([dict(block_M=32)], dict(compile_timeout=0), ValueError, "compile_timeout"),
+]
+
+
+@pytest.mark.parametrize("configs, args, exc, match", BAD_ARGS)
+def test_bad_arguments_are_rejected_up_front(configs, args, exc, match):
+    with pytest.raises(exc, match=match):
+        AutoTuner.from_kernel(add, configs).set_compile_args(**args).run(1, 1)
+
+
+def test_run_counts_must_be_counts():
+    t = AutoTuner.from_kernel(add, [dict(block_M=32)]).set_compile_args(target="c")
+    with pytest.raises(ValueError, match="rep is a number of calls"):
+        t.run(warmup=1, rep=0)
+
+
+def test_set_profile_args_newer_signature():
+    t = (AutoTuner.from_kernel(add, [dict(block_M=32, block_N=32)])
+         .set_compile_args(out_idx=[-1], target="c")
+         .set_profile_args(warmup=1, rep=3, timeout=30, supply_type="integer", ref_prog=ref_add, atol=0, rtol=0))
+    assert t.compile_timeout == 30 and t.atol == 0
+    result = t.set_tuning(n_jobs=1).run()
+    assert result.trials[0].status == "ok"  # integers add exactly: zero tolerance passes
+    with pytest.raises(NotImplementedError, match="supply_prog"):
+        t.set_profile_args(supply_prog=lambda params: [])
+
+
+def test_two_processes_tuning_at_once_share_the_database(tmp_path):
+    script = tmp_path / "tune_one.py"
+    script.write_text(textwrap.dedent(f'''
+        import sys
+        sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parent.parent)!r}]
+        from autotuner import AutoTuner
+        from kernels.c_kernels import add, ref_add
+        cfgs = [dict(block_M=bm, block_N=int(sys.argv[1])) for bm in (16, 32, 64)]
+        r = (AutoTuner.from_kernel(add, cfgs).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+             .set_tuning(n_jobs=1, progress=False).run(1, 3))
+        print("OK", r.config)
+    '''))
+    procs = [subprocess.Popen([sys.executable, str(script), str(bn)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for bn in (16, 32)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert "OK" in out
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert db.execute("SELECT COUNT(*) FROM runs WHERE finished IS NOT NULL").fetchone()[0] == 2
+    assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 6
