@@ -1,0 +1,555 @@
+"""The TileLang GEMM template: ``C = op(A) @ op(B)`` with fp32 accumulation, plus the one-call tuner.
+
+The module exposes the same names as every template (STYLE.md 1):
+
+* :func:`kernel` -- the kernel with its reserved (tunable) parameters; returns a ``T.prim_func``.
+* :func:`ref_program` -- the torch reference the autotuner checks every candidate against.
+* :func:`default_space` -- TileLang's 288-config grid, the exhaustive baseline.
+* :func:`carver_template` -- the carver's model of this kernel, which ranks hints and says which configs
+  are legal.
+
+and, on top of them, the product's main job:
+
+* :func:`compile` -- a fixed config (or the carver's top-1, no tuning) compiled into a callable.
+* :func:`tuner` / :func:`tune` -- carver top-k -> autotuner (compile, check, time, cache) -> the best
+  kernel. A second call with the same problem, in any process, is served from the tuning database.
+
+Layouts: ``A`` is ``(M, K)``, or ``(K, M)`` when ``trans_A``; ``B`` is ``(K, N)``, or ``(N, K)`` when
+``trans_B`` (the default, the layout of ``x @ W.T`` and of the measured grids). ``C`` is ``(M, N)``.
+
+The plain path (``split_k == 1``) builds exactly the program that produced the measured grids in
+``../shared/data/h200-gemm-grid`` (``../shared/tools/measure_gemm_grid.py``) for the default layout,
+dtypes and ``panel_size``; ``tests/test_matmul.py`` checks that, so the shared data stays valid.
+
+``split_k > 1`` is for few output tiles and long K (small M): the K loop is split over a third grid
+dimension; every split writes its fp32 partial tile into a workspace ``(split_k, M, N)`` that the kernel
+allocates itself (``T.alloc_global``: TVM's pooled device workspace, not the torch allocator), and a
+second kernel in the same program sums the partials and casts once into ``C``. So the output dtype does
+not change, ``C`` needs no zero-fill, the result is deterministic (no atomics) and rounds once, like the
+plain path. The cost is ``split_k * M * N * 4`` bytes of workspace and ``2 * split_k * M * N * 4`` bytes
+of extra traffic, which only pays when M*N is small next to the work per tile.
+"""
+
+import functools
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
+    import torch
+    from tvm.tirx import PrimFunc
+
+__all__ = [
+    "CONFIG_KEYS",
+    "IN_DTYPES",
+    "OUT_DTYPES",
+    "TUNABLE_KEYS",
+    "carver_template",
+    "compile",
+    "default_space",
+    "kernel",
+    "normalize_config",
+    "ref_program",
+    "tune",
+    "tuner",
+    "validate",
+]
+
+#: The reserved parameters of TileLang's GEMM grid; every config has them.
+TUNABLE_KEYS: tuple[str, ...] = (
+    "block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization",
+)
+#: Everything a config may set: the six above plus the two this template adds.
+CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + ("panel_size", "split_k")
+#: Input dtypes. fp8 (e4m3) only on Hopper or newer, and only with K-major operands (the NT layout).
+IN_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float8_e4m3")
+OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
+ACCUM_DTYPES: tuple[str, ...] = ("float32",)
+
+_ALIASES = {
+    "fp16": "float16", "half": "float16", "f16": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32", "float": "float32", "f32": "float32",
+    "fp8": "float8_e4m3", "e4m3": "float8_e4m3", "fp8_e4m3": "float8_e4m3",
+    "float8_e4m3fn": "float8_e4m3",
+}
+_GRID = {
+    "block_M": [64, 128, 256],
+    "block_N": [64, 128, 256],
+    "block_K": [32, 64],
+    "num_stages": [0, 1, 2, 3],
+    "thread_num": [128, 256],
+    "enable_rasterization": [True, False],
+}
+_DEFAULT_SMS = 132  # H100 SXM / H200: used only when the carver's arch does not say
+_SM_ARCH = re.compile(r"^sm_\d+a?$")
+
+
+# --------------------------------------------------------------------------------------------------
+# Argument checks: one place, run at the API edge, so a typo fails here and not deep inside TVM.
+# --------------------------------------------------------------------------------------------------
+def _dtype(value: object, allowed: Sequence[str], what: str) -> str:
+    """Normalise a dtype name (``"fp16"``, ``torch.float16`` and ``"float16"`` are one dtype)."""
+    name = str(value).removeprefix("torch.")
+    name = _ALIASES.get(name, name)
+    if name not in allowed:
+        raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
+    return name
+
+
+def _positive_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+def _flag(value: object, what: str) -> bool:
+    # numpy bools are fine, strings are not: "False" is truthy and would silently flip a layout.
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise TypeError(f"{what} must be a bool, got {value!r} of type {type(value).__name__}")
+    return bool(value)
+
+
+def _check_problem(
+    M: object, N: object, K: object, in_dtype: object, out_dtype: object, accum_dtype: object,
+    trans_A: object, trans_B: object,
+) -> tuple[int, int, int, str, str, str, bool, bool]:
+    M, N, K = (_positive_int(v, name) for v, name in ((M, "M"), (N, "N"), (K, "K")))
+    in_dtype = _dtype(in_dtype, IN_DTYPES, "in_dtype")
+    out_dtype = _dtype(out_dtype, OUT_DTYPES, "out_dtype")
+    accum_dtype = _dtype(accum_dtype, ACCUM_DTYPES, "accum_dtype")
+    trans_A, trans_B = _flag(trans_A, "trans_A"), _flag(trans_B, "trans_B")
+    if in_dtype == "float8_e4m3" and (trans_A or not trans_B):
+        # wgmma reads fp8 operands only K-major from shared memory.
+        raise ValueError(
+            f"float8_e4m3 needs A as (M, K) and B as (N, K) (trans_A=False, trans_B=True), got "
+            f"trans_A={trans_A}, trans_B={trans_B}; transpose the operands in torch first"
+        )
+    return M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B
+
+
+def _split_k_limit(K: int, block_K: int) -> int:
+    """The largest split_k for which every split still gets some of K (splits are whole K tiles)."""
+    s = math.ceil(K / block_K)
+    while s > 1 and (s - 1) * _k_per_split(K, block_K, s) >= K:
+        s -= 1
+    return s
+
+
+def _k_per_split(K: int, block_K: int, split_k: int) -> int:
+    return math.ceil(math.ceil(K / split_k) / block_K) * block_K
+
+
+def _check_config(
+    K: int, in_dtype: str, block_M: object, block_N: object, block_K: object, num_stages: object,
+    thread_num: object, enable_rasterization: object, panel_size: object, split_k: object,
+) -> None:
+    for value, name in ((block_M, "block_M"), (block_N, "block_N"), (block_K, "block_K"),
+                        (thread_num, "thread_num"), (panel_size, "panel_size"), (split_k, "split_k")):
+        _positive_int(value, name)
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
+        raise ValueError(f"num_stages must be an int >= 0 (0 and 1 mean no software pipeline), got "
+                         f"{num_stages!r}")
+    _flag(enable_rasterization, "enable_rasterization")
+    if thread_num % 32:
+        raise ValueError(f"thread_num must be a multiple of 32 (whole warps), got {thread_num!r}")
+    if in_dtype == "float8_e4m3" and block_K % 32:
+        raise ValueError(f"block_K must be a multiple of 32 for float8_e4m3 (one wgmma k-step), got "
+                         f"{block_K!r}")
+    if split_k > 1 and (split_k - 1) * _k_per_split(K, block_K, split_k) >= K:
+        raise ValueError(
+            f"split_k={split_k} leaves a split with no work for K={K}, block_K={block_K} (splits are whole "
+            f"K tiles); use split_k <= {_split_k_limit(K, block_K)}"
+        )
+
+
+def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Check a config dict's keys once at the API edge; returns a plain dict in CONFIG_KEYS order."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"a config must be a dict, got {config!r}")
+    unknown = [k for k in config if k not in CONFIG_KEYS]
+    if unknown:
+        raise ValueError(f"unknown config key(s) {unknown}; a matmul config takes {list(CONFIG_KEYS)}")
+    missing = [k for k in TUNABLE_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"config {dict(config)} lacks {missing}; every config sets {list(TUNABLE_KEYS)}")
+    return {k: config[k] for k in CONFIG_KEYS if k in config}
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel
+# --------------------------------------------------------------------------------------------------
+def kernel(
+    M: int,
+    N: int,
+    K: int,
+    block_M: int,
+    block_N: int,
+    block_K: int,
+    num_stages: int,
+    thread_num: int,
+    enable_rasterization: bool,
+    in_dtype: str = "float16",
+    out_dtype: str = "float16",
+    accum_dtype: str = "float32",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    panel_size: int = 10,
+    split_k: int = 1,
+) -> "PrimFunc":
+    """Build the GEMM ``T.prim_func`` for one config (nothing is compiled here).
+
+    Everything the program depends on is in this one function body, on purpose: the autotuner keys its
+    cache on this function's source plus the values bound to it, so an edit to the program must be an
+    edit here. Shapes that do not divide by the tile are handled by ``T.copy``'s boundary predication
+    (out-of-range loads read zeros, out-of-range stores are skipped).
+    """
+    import tilelang.language as T
+
+    M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B = _check_problem(
+        M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+    _check_config(K, in_dtype, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
+                  panel_size, split_k)
+    enable_rasterization = bool(enable_rasterization)
+    A_shape = (K, M) if trans_A else (M, K)
+    B_shape = (N, K) if trans_B else (K, N)
+    A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
+    B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
+
+    if split_k == 1:
+        # For trans_A=False, trans_B=True, in == out dtype and panel_size=10 this is, statement for
+        # statement, the program of the measured grids (tests/test_matmul.py compares the TIR).
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+                A_shared = T.alloc_shared(A_tile, in_dtype)
+                B_shared = T.alloc_shared(B_tile, in_dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+                C_shared = T.alloc_shared((block_M, block_N), out_dtype)
+                T.use_swizzle(panel_size=panel_size, enable=enable_rasterization)
+                T.clear(C_local)
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    if trans_A:
+                        T.copy(A[k * block_K, by * block_M], A_shared)
+                    else:
+                        T.copy(A[by * block_M, k * block_K], A_shared)
+                    if trans_B:
+                        T.copy(B[bx * block_N, k * block_K], B_shared)
+                    else:
+                        T.copy(B[k * block_K, bx * block_N], B_shared)
+                    T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B)
+                T.copy(C_local, C_shared)
+                T.copy(C_shared, C[by * block_M, bx * block_N])
+
+        return main
+
+    # split_k > 1: split z owns K tiles [z * k_tiles, (z + 1) * k_tiles); the tail past K reads zeros.
+    k_tiles = _k_per_split(K, block_K, split_k) // block_K
+    red_M, red_N, red_threads = 16, 128, 128  # the reduction: 16 fp32 partial sums per thread and split
+
+    @T.prim_func
+    def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+             C: T.Tensor((M, N), out_dtype)):
+        W = T.alloc_global((split_k, M, N), accum_dtype)
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k,
+                      threads=thread_num) as (bx, by, bz):
+            A_shared = T.alloc_shared(A_tile, in_dtype)
+            B_shared = T.alloc_shared(B_tile, in_dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+            T.use_swizzle(panel_size=panel_size, enable=enable_rasterization)
+            T.clear(C_local)
+            for k in T.Pipelined(k_tiles, num_stages=num_stages):
+                if trans_A:
+                    T.copy(A[(bz * k_tiles + k) * block_K, by * block_M], A_shared)
+                else:
+                    T.copy(A[by * block_M, (bz * k_tiles + k) * block_K], A_shared)
+                if trans_B:
+                    T.copy(B[bx * block_N, (bz * k_tiles + k) * block_K], B_shared)
+                else:
+                    T.copy(B[(bz * k_tiles + k) * block_K, bx * block_N], B_shared)
+                T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B)
+            T.copy(C_local, W[bz, by * block_M, bx * block_N])
+        with T.Kernel(T.ceildiv(N, red_N), T.ceildiv(M, red_M), threads=red_threads) as (rx, ry):
+            C_sum = T.alloc_fragment((red_M, red_N), accum_dtype)
+            T.clear(C_sum)
+            for s in T.serial(split_k):
+                for i, j in T.Parallel(red_M, red_N):
+                    if ry * red_M + i < M and rx * red_N + j < N:
+                        C_sum[i, j] += W[s, ry * red_M + i, rx * red_N + j]
+            T.copy(C_sum, C[ry * red_M, rx * red_N])
+
+    return main
+
+
+# --------------------------------------------------------------------------------------------------
+# Reference, search space, carver
+# --------------------------------------------------------------------------------------------------
+def _torch_dtype(name: str) -> "torch.dtype":
+    import torch
+
+    return torch.float8_e4m3fn if name == "float8_e4m3" else getattr(torch, name)
+
+
+def _default_out(in_dtype: str) -> str:
+    """fp16/bf16 GEMMs return their input dtype; fp8 returns fp16 (an fp8 C loses most of the answer)."""
+    return "float16" if in_dtype == "float8_e4m3" else in_dtype
+
+
+def ref_program(
+    A: "torch.Tensor", B: "torch.Tensor", trans_A: bool = False, trans_B: bool = True,
+    out_dtype: str | None = None,
+) -> "torch.Tensor":
+    """The torch answer for the same layouts, in ``out_dtype`` (default: the kernel's default for A).
+
+    fp16/bf16 in, same out: ``torch.matmul`` itself, so on the GPU this is cuBLAS and the autotuner's
+    ``ref_latency`` is the cuBLAS time. Otherwise (fp8 in, or an fp32 C) the product is taken in fp32, as
+    the kernel accumulates, and cast once.
+    """
+    a = A.T if trans_A else A
+    b = B.T if trans_B else B
+    in_name = str(A.dtype).removeprefix("torch.")
+    out_name = _dtype(out_dtype, OUT_DTYPES, "out_dtype") if out_dtype is not None else (
+        _default_out(_dtype(in_name, IN_DTYPES, "A.dtype")))
+    if A.dtype == _torch_dtype(out_name) and B.dtype == A.dtype:
+        return a @ b
+    return (a.float() @ b.float()).to(_torch_dtype(out_name))
+
+
+def default_space(M: int, N: int, K: int) -> list[dict[str, Any]]:
+    """TileLang's 288-config GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
+
+    It does not depend on the shape; M, N and K are taken so every template's space has one signature.
+    Some configs do not fit (e.g. 256x256 tiles with 3 stages overflow shared memory): the exhaustive
+    baseline is the grid as TileLang users run it, so they stay in and fail as trials.
+    """
+    for value, name in ((M, "M"), (N, "N"), (K, "K")):
+        _positive_int(value, name)
+    return [dict(zip(_GRID, values)) for values in itertools.product(*_GRID.values())]
+
+
+def carver_template(
+    M: int,
+    N: int,
+    K: int,
+    in_dtype: str = "float16",
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    arch: Any = "cuda",
+) -> Any:
+    """The carver's model of this kernel on ``arch`` (a name such as "H100", "sm_90a", "cuda" for the
+    local GPU, or an arch object): ``.recommend_hints(topk)``, ``.validate(config)``, ``.rank(configs)``."""
+    from carver import MatmulTemplate
+    from carver import arch as carver_arch
+
+    in_name = _dtype(in_dtype, IN_DTYPES, "in_dtype")
+    out_name = _default_out(in_name) if out_dtype is None else out_dtype
+    M, N, K, in_name, out_name, acc_name, trans_A, trans_B = _check_problem(
+        M, N, K, in_name, out_name, accum_dtype, trans_A, trans_B)
+    tmpl = MatmulTemplate(M=M, N=N, K=K, in_dtype=in_name, out_dtype=out_name, accum_dtype=acc_name,
+                          trans_A=trans_A, trans_B=trans_B)
+    return tmpl.with_arch(carver_arch.CUDA(arch) if isinstance(arch, str) else arch)
+
+
+def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> list[str]:
+    """Why ``config`` cannot run (empty: legal): this template's own argument rules, then the carver's.
+
+    The carver's ``validate`` is the one validity function (STYLE.md 4); this adds what only the
+    template knows (split-K splits must all get work, fp8 block_K) and returns problems instead of
+    raising, so the autotuner can drop a candidate before it reaches nvcc and say why.
+    """
+    try:
+        cfg = normalize_config(config)
+        _check_config(K, in_dtype, cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"],
+                      cfg["thread_num"], cfg["enable_rasterization"], cfg.get("panel_size", 10),
+                      cfg.get("split_k", 1))
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    return list(tmpl.validate(cfg))
+
+
+def _hint_configs(tmpl: Any, topk: int) -> list[dict[str, Any]]:
+    configs = []
+    for hint in tmpl.recommend_hints(topk=topk):
+        cfg = normalize_config(hint.to_config())
+        if cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
+def _num_sms(tmpl: Any) -> int:
+    arch = getattr(tmpl, "arch", None)
+    for name in ("num_sms", "sm_count", "sms", "num_sm", "compute_max_core"):
+        value = getattr(arch, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return _DEFAULT_SMS
+
+
+def _split_k_candidates(
+    configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, per_config: int = 3,
+    top: int = 2,
+) -> list[dict[str, Any]]:
+    """Split-K variants of the top configs when their output tiles fill less than one wave of SMs.
+
+    With M=64, N=4096 and 64x128 tiles there are 32 tiles for 132 SMs: three quarters of the GPU idles
+    whatever the tile. Splitting K over ``s`` CTAs per tile fills it; candidates are ``s`` near
+    ``SMs / tiles`` and its neighbours, so the autotuner (not a guess) picks one.
+    """
+    out: list[dict[str, Any]] = []
+    for cfg in configs[:top]:
+        if cfg.get("split_k", 1) != 1:
+            continue
+        tiles = math.ceil(M / cfg["block_M"]) * math.ceil(N / cfg["block_N"])
+        if tiles >= num_sms:
+            continue
+        fill = max(2, num_sms // tiles)
+        limit = min(_split_k_limit(K, cfg["block_K"]), 16)
+        wanted = sorted({s for s in (fill // 2, fill, 2 * fill) if 2 <= s <= limit})[:per_config]
+        for s in wanted:
+            candidate = {**cfg, "split_k": s}
+            if candidate not in out and candidate not in configs:
+                out.append(candidate)
+    return out
+
+
+def _resolve_target(target: Any) -> Any:
+    """"sm_90a" -> a CUDA target for that arch (compile-only without a GPU); anything else as given."""
+    if isinstance(target, str) and _SM_ARCH.match(target):
+        from tvm.target import Target
+
+        return Target({"kind": "cuda", "arch": target})
+    if isinstance(target, dict):
+        from tvm.target import Target
+
+        return Target(target)
+    return target
+
+
+def _carver_arch(arch: Any, target: Any) -> Any:
+    """Which GPU the carver models: ``arch`` when given; else the arch the target names; else local."""
+    if arch is not None:
+        return arch
+    if isinstance(target, str) and _SM_ARCH.match(target):
+        return target
+    return "cuda"
+
+
+# --------------------------------------------------------------------------------------------------
+# One config, no tuning
+# --------------------------------------------------------------------------------------------------
+def compile(
+    M: int,
+    N: int,
+    K: int,
+    config: Mapping[str, Any] | None = None,
+    dtype: str = "float16",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    out_dtype: str | None = None,
+    arch: Any = None,
+    target: Any = "auto",
+) -> Any:
+    """Compile one config into a callable ``kernel(A, B) -> C``: ``config`` as given, or, when None, the
+    carver's top-1 hint (the no-tuning default: one compile, no GPU timing).
+
+    ``target`` "auto" uses the local GPU; "sm_90a" (or a TVM target) compiles without one, for a check.
+    """
+    import tilelang
+
+    in_dtype = _dtype(dtype, IN_DTYPES, "dtype")
+    out_name = _default_out(in_dtype) if out_dtype is None else out_dtype
+    if config is None:
+        tmpl = carver_template(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B,
+                               arch=_carver_arch(arch, target))
+        config = _hint_configs(tmpl, 1)[0]
+    cfg = normalize_config(config)
+    func = kernel(M, N, K, **cfg, in_dtype=in_dtype, out_dtype=out_name, trans_A=trans_A, trans_B=trans_B)
+    return tilelang.compile(func, out_idx=[-1], target=_resolve_target(target))
+
+
+# --------------------------------------------------------------------------------------------------
+# Tuning
+# --------------------------------------------------------------------------------------------------
+def tuner(
+    M: int,
+    N: int,
+    K: int,
+    dtype: str = "float16",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    topk: int = 8,
+    arch: Any = None,
+    out_dtype: str | None = None,
+    configs: Iterable[Mapping[str, Any]] | None = None,
+    split_k: bool = True,
+    target: Any = "auto",
+    supply_type: Any = None,
+    atol: float = 1e-2,
+    rtol: float = 1e-2,
+    compile_timeout: float = 120,
+) -> Any:
+    """The configured :class:`autotuner.AutoTuner` that :func:`tune` runs (for callers that want the full
+    result: ``.config``, ``.latency``, ``.trials``, ``.from_cache``).
+
+    Candidates: ``configs`` when given (e.g. :func:`default_space` for the exhaustive baseline), else the
+    carver's top ``topk`` hints plus, with ``split_k``, split-K variants of the top two when their tiles
+    fill less than one wave. Every candidate is checked against :func:`ref_program` with no mismatches
+    allowed, and illegal ones are dropped by :func:`validate` before they reach nvcc.
+    """
+    from autotuner import AutoTuner
+
+    in_dtype = _dtype(dtype, IN_DTYPES, "dtype")
+    out_name = _default_out(in_dtype) if out_dtype is None else _dtype(out_dtype, OUT_DTYPES, "out_dtype")
+    M, N, K, in_dtype, out_name, _, trans_A, trans_B = _check_problem(
+        M, N, K, in_dtype, out_name, "float32", trans_A, trans_B)
+    _positive_int(topk, "topk")
+    tmpl = carver_template(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B,
+                           arch=_carver_arch(arch, target))
+    if configs is None:
+        candidates = _hint_configs(tmpl, topk)
+        if split_k:
+            candidates += _split_k_candidates(candidates, M, N, K, _num_sms(tmpl))
+    else:
+        candidates = [normalize_config(c) for c in configs]
+        if not candidates:
+            raise ValueError("configs is empty; pass None for the carver's hints or default_space(M, N, K)")
+    fn = functools.partial(kernel, M, N, K, in_dtype=in_dtype, out_dtype=out_name, accum_dtype="float32",
+                           trans_A=trans_A, trans_B=trans_B)
+    ref = functools.partial(ref_program, trans_A=trans_A, trans_B=trans_B, out_dtype=out_name)
+    check = functools.partial(validate, tmpl, K, in_dtype)
+    return (AutoTuner.from_kernel(kernel=fn, configs=candidates, validate=check)
+            .set_compile_args(out_idx=[-1], target=_resolve_target(target), supply_type=supply_type,
+                              ref_prog=ref, skip_check=False, atol=atol, rtol=rtol,
+                              max_mismatched_ratio=0.0, compile_timeout=compile_timeout))
+
+
+def tune(
+    M: int,
+    N: int,
+    K: int,
+    dtype: str = "float16",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    topk: int = 8,
+    arch: Any = None,
+    warmup: int = 3,
+    rep: int = 20,
+    out_dtype: str | None = None,
+    configs: Iterable[Mapping[str, Any]] | None = None,
+    split_k: bool = True,
+) -> Callable[..., Any]:
+    """Tune ``C = op(A) @ op(B)`` on the local GPU and return the fastest checked kernel: ``C = k(A, B)``.
+
+    The carver proposes ``topk`` configs (plus split-K variants for few-wave shapes), the autotuner
+    compiles them in parallel, checks each against torch, times them (``warmup``/``rep`` are counts) and
+    stores every trial; a later call for the same problem, in any process, returns the stored winner
+    without compiling or timing. Use :func:`tuner` for the result object behind the kernel.
+    """
+    return tuner(M, N, K, dtype=dtype, trans_A=trans_A, trans_B=trans_B, topk=topk, arch=arch,
+                 out_dtype=out_dtype, configs=configs, split_k=split_k).run(warmup=warmup, rep=rep).kernel
+
