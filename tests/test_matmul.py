@@ -1,0 +1,262 @@
+"""templates.matmul without compiling: argument errors, the search space, the reference, the
+split-K candidates, the glue to the carver and the autotuner, and that the plain path is exactly the
+program behind the measured grids (so ../shared/data/h200-gemm-grid stays valid for it)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tilelang.language as T
+import torch
+
+from templates import matmul as mm
+
+BEST = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
+SMALL_M = dict(block_M=64, block_N=128, block_K=64, num_stages=3, thread_num=128, enable_rasterization=True)
+
+
+def measured_gemm(M, N, K, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
+                  dtype="float16", accum_dtype="float"):
+    """``gemm`` of ../shared/tools/measure_gemm_grid.py, verbatim: the program of the measured grids."""
+    @T.prim_func
+    def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+            A_shared = T.alloc_shared((block_M, block_K), dtype)
+            B_shared = T.alloc_shared((block_N, block_K), dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+            C_shared = T.alloc_shared((block_M, block_N), dtype)
+            T.use_swizzle(panel_size=10, enable=enable_rasterization)
+            T.clear(C_local)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                T.copy(A[by * block_M, k * block_K], A_shared)
+                T.copy(B[bx * block_N, k * block_K], B_shared)
+                T.gemm(A_shared, B_shared, C_local, transpose_B=True)
+            T.copy(C_local, C_shared)
+            T.copy(C_shared, C[by * block_M, bx * block_N])
+    return main
+
+
+# --------------------------------------------------------------------------------------------------
+# the kernel program
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(4096, 4096, 4096), (4000, 4097, 1000), (64, 4096, 4096)])
+@pytest.mark.parametrize("cfg", [BEST, dict(SMALL_M, num_stages=0, enable_rasterization=False)])
+def test_plain_path_is_the_measured_program(shape, cfg):
+    assert mm.kernel(*shape, **cfg).script() == measured_gemm(*shape, **cfg).script()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("trans_A,trans_B", [(False, True), (False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_layouts_build_with_the_right_buffers(dtype, trans_A, trans_B, split_k):
+    M, N, K = 200, 4097, 1000
+    func = mm.kernel(M, N, K, **SMALL_M, in_dtype=dtype, out_dtype="float32", trans_A=trans_A,
+                     trans_B=trans_B, split_k=split_k)
+    shapes = {str(buf.name): ([int(d) for d in buf.shape], str(buf.dtype)) for buf in func.buffer_map.values()}
+    assert shapes["A"] == ([K, M] if trans_A else [M, K], dtype)
+    assert shapes["B"] == ([N, K] if trans_B else [K, N], dtype)
+    assert shapes["C"] == ([M, N], "float32")
+    text = func.script()
+    assert (f"T.bool({trans_A}), T.bool({trans_B})") in text  # the gemm's transpose flags
+    assert ("blockIdx.z" in text) == (split_k > 1)
+
+
+def test_split_k_sums_a_workspace_in_a_second_kernel():
+    text = mm.kernel(64, 4096, 4096, **SMALL_M, split_k=4).script()
+    assert "W = T.sblock_alloc_buffer((4, 64, 4096))" in text  # fp32 partials, no atomics, no zero-fill
+    assert text.count('thread="blockIdx.x"') == 2
+    assert "atomic" not in text
+
+
+def test_panel_size_reaches_the_swizzle():
+    assert '"rasterization2DRow", 7' in mm.kernel(4096, 4096, 4096, **BEST, panel_size=7).script()
+
+
+# --------------------------------------------------------------------------------------------------
+# argument errors name the bad value and the fix
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(in_dtype="float64"), ValueError, r"in_dtype must be one of .*'float64'"),
+    (dict(in_dtype="int8"), ValueError, "in_dtype"),
+    (dict(out_dtype="float8_e4m3"), ValueError, "out_dtype"),
+    (dict(accum_dtype="float16"), ValueError, "accum_dtype"),
+    (dict(trans_A="yes"), TypeError, "trans_A must be a bool, got 'yes'"),
+    (dict(trans_B=1), TypeError, "trans_B must be a bool"),
+    (dict(in_dtype="float8_e4m3", trans_B=False), ValueError, r"float8_e4m3 needs .*trans_B=True"),
+    (dict(in_dtype="float8_e4m3", trans_A=True), ValueError, "transpose the operands"),
+    (dict(split_k=0), ValueError, "split_k must be a positive int, got 0"),
+    (dict(split_k=2.0), ValueError, "split_k must be a positive int"),
+    (dict(split_k=1000), ValueError, r"split_k=1000 leaves a split with no work .* use split_k <= 64"),
+    (dict(thread_num=100), ValueError, "multiple of 32"),
+    (dict(num_stages=-1), ValueError, "num_stages"),
+    (dict(block_M=0), ValueError, "block_M must be a positive int, got 0"),
+    (dict(enable_rasterization="True"), TypeError, "enable_rasterization must be a bool"),
+    (dict(panel_size=-2), ValueError, "panel_size"),
+])
+def test_bad_arguments_are_rejected_up_front(kwargs, exc, match):
+    args = {**BEST, **kwargs}
+    with pytest.raises(exc, match=match):
+        mm.kernel(4096, 4096, 4096, **args)
+
+
+@pytest.mark.parametrize("shape,name,value", [
+    ((0, 4096, 4096), "M", 0), ((4096, -1, 4096), "N", -1), ((4096, 4096, 1.5), "K", 1.5),
+    ((True, 4096, 4096), "M", True),
+])
+def test_non_positive_shapes_are_rejected(shape, name, value):
+    with pytest.raises(ValueError, match=f"{name} must be a positive int, got {value!r}"):
+        mm.kernel(*shape, **BEST)
+    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+        mm.default_space(*shape)
+
+
+def test_fp8_block_k_must_be_a_wgmma_step():
+    with pytest.raises(ValueError, match=r"block_K must be a multiple of 32 for float8_e4m3 .*got 16"):
+        mm.kernel(4096, 4096, 4096, **dict(BEST, block_K=16), in_dtype="fp8", out_dtype="float16")
+
+
+def test_dtype_aliases():
+    a = mm.kernel(256, 256, 256, **SMALL_M, in_dtype="bf16", out_dtype="fp32").script()
+    b = mm.kernel(256, 256, 256, **SMALL_M, in_dtype="bfloat16", out_dtype="float32").script()
+    assert a == b
+    assert mm.kernel(256, 256, 256, **SMALL_M, in_dtype=torch.float16).script() == \
+        mm.kernel(256, 256, 256, **SMALL_M).script()
+
+
+def test_normalize_config():
+    assert mm.normalize_config(dict(BEST, split_k=2)) == dict(BEST, split_k=2)
+    with pytest.raises(ValueError, match=r"unknown config key\(s\) \['block_m'\]"):
+        mm.normalize_config(dict(BEST, block_m=64))
+    with pytest.raises(ValueError, match=r"lacks \['thread_num'\]"):
+        mm.normalize_config({k: v for k, v in BEST.items() if k != "thread_num"})
+    with pytest.raises(TypeError, match="a config must be a dict"):
+        mm.normalize_config([("block_M", 64)])
+
+
+# --------------------------------------------------------------------------------------------------
+# the space, the reference, the split-K candidates
+# --------------------------------------------------------------------------------------------------
+def test_default_space_is_tilelangs_288_grid():
+    space = mm.default_space(4096, 4096, 4096)
+    assert len(space) == 288
+    assert len({tuple(sorted(c.items())) for c in space}) == 288
+    assert all(tuple(c) == mm.TUNABLE_KEYS for c in space)
+    assert BEST in space and dict(BEST, block_M=256, block_N=128) in space  # the large-shape winners
+    assert space[0] == dict(block_M=64, block_N=64, block_K=32, num_stages=0, thread_num=128,
+                            enable_rasterization=True)
+
+
+@pytest.mark.parametrize("trans_A,trans_B", [(False, True), (False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_ref_program_honours_layouts(trans_A, trans_B, dtype):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-3, 4, (24, 40), generator=g).to(dtype)   # logical (M, K)
+    b = torch.randint(-3, 4, (40, 16), generator=g).to(dtype)   # logical (K, N)
+    A = a.T.contiguous() if trans_A else a
+    B = b.T.contiguous() if trans_B else b
+    want = a.float() @ b.float()
+    out = mm.ref_program(A, B, trans_A=trans_A, trans_B=trans_B)
+    assert out.dtype == dtype and out.shape == (24, 16)
+    assert torch.equal(out.float(), want)  # small integers: exact in every dtype
+    out32 = mm.ref_program(A, B, trans_A=trans_A, trans_B=trans_B, out_dtype="float32")
+    assert out32.dtype == torch.float32 and torch.equal(out32, want)
+
+
+def test_ref_program_fp8_returns_fp16():
+    a = torch.randint(-3, 4, (8, 32)).to(torch.float8_e4m3fn)
+    b = torch.randint(-3, 4, (16, 32)).to(torch.float8_e4m3fn)
+    out = mm.ref_program(a, b)
+    assert out.dtype == torch.float16
+    assert torch.equal(out.float(), a.float() @ b.float().T)
+
+
+def test_split_k_candidates_only_for_few_waves():
+    assert mm._split_k_candidates([BEST], 4096, 4096, 4096, 132) == []  # 512 tiles: plenty of waves
+    cands = mm._split_k_candidates([SMALL_M], 64, 4096, 4096, 132)      # 32 tiles on 132 SMs
+    assert [c["split_k"] for c in cands] == [2, 4, 8]
+    assert all(dict(c, split_k=1) == dict(SMALL_M, split_k=1) for c in cands)
+    for c in cands:  # every candidate builds
+        mm.kernel(64, 4096, 4096, **c)
+    # short K caps the split: K=128 with block_K=64 has 2 K tiles
+    assert [c["split_k"] for c in mm._split_k_candidates([SMALL_M], 64, 4096, 128, 132)] == [2]
+    assert mm._split_k_candidates([SMALL_M], 64, 4096, 64, 132) == []
+
+
+def test_split_k_limit():
+    for K, bk in ((4096, 64), (4000, 64), (1000, 32), (100, 64), (130, 64)):
+        s = mm._split_k_limit(K, bk)
+        mm._check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s)  # the limit is legal
+        with pytest.raises(ValueError):
+            mm._check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s + 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# glue: carver hints -> configs -> AutoTuner (a stand-in carver, nothing compiles)
+# --------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class FakeHint:
+    config: dict
+
+    def to_config(self):
+        return dict(self.config)
+
+
+class FakeTemplate:
+    """The carver contract: recommend_hints(topk) -> hints with to_config(); validate(config) -> reasons."""
+
+    arch = dataclasses.make_dataclass("Arch", [("num_sms", int)])(132)
+
+    def __init__(self, hints):
+        self.hints = hints
+        self.validated = []
+
+    def recommend_hints(self, topk):
+        return [FakeHint(c) for c in self.hints[:topk]]
+
+    def validate(self, config):
+        self.validated.append(config)
+        return ["too much shared memory"] if config["block_M"] == 256 else []
+
+
+def test_validate_adds_template_rules_to_the_carvers():
+    tmpl = FakeTemplate([])
+    assert mm.validate(tmpl, 4096, "float16", SMALL_M) == []
+    assert mm.validate(tmpl, 4096, "float16", dict(SMALL_M, block_M=256)) == ["too much shared memory"]
+    (reason,) = mm.validate(tmpl, 128, "float16", dict(SMALL_M, split_k=4))
+    assert "use split_k <= 2" in reason
+    assert mm.validate(tmpl, 4096, "float16", dict(SMALL_M, blockM=1))[0].startswith("unknown config key")
+
+
+def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
+    pytest.importorskip("autotuner")
+    fake = FakeTemplate([SMALL_M, dict(SMALL_M, block_N=64), BEST])
+    seen = {}
+
+    def fake_carver_template(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B, arch):
+        seen.update(M=M, N=N, K=K, in_dtype=in_dtype, out_dtype=out_dtype, trans_A=trans_A, arch=arch)
+        return fake
+
+    monkeypatch.setattr(mm, "carver_template", fake_carver_template)
+    t = mm.tuner(64, 4096, 4096, dtype="bf16", trans_A=True, trans_B=False, topk=2, arch="H100")
+    assert seen == dict(M=64, N=4096, K=4096, in_dtype="bfloat16", out_dtype="bfloat16", trans_A=True,
+                        arch="H100")
+    hints = [SMALL_M, dict(SMALL_M, block_N=64)]
+    assert t.configs[:2] == hints
+    assert [c.get("split_k") for c in t.configs[2:]] == [2, 4, 8, 2, 4]  # 32 and 64 tiles on 132 SMs
+    func = t.fn(**t.configs[0])  # the partial builds the right problem
+    assert [int(d) for d in func.buffer_map[func.params[0]].shape] == [4096, 64]
+    assert t.validate(dict(SMALL_M, block_M=256)) == ["too much shared memory"]
+    a, b = torch.ones(8, 4, dtype=torch.bfloat16), torch.ones(8, 6, dtype=torch.bfloat16)
+    assert t.ref_prog(a, b).shape == (4, 6)  # A is (K, M), B is (K, N)
+
+    exhaustive = mm.tuner(4096, 4096, 4096, configs=mm.default_space(4096, 4096, 4096), arch="H100")
+    assert len(exhaustive.configs) == 288
+    with pytest.raises(ValueError, match="configs is empty"):
+        mm.tuner(4096, 4096, 4096, configs=[], arch="H100")
+
+
+def test_carver_arch_follows_a_compile_only_target():
+    assert mm._carver_arch(None, "sm_90a") == "sm_90a"
+    assert mm._carver_arch(None, "auto") == "cuda"
+    assert mm._carver_arch("H200", "sm_90a") == "H200"
