@@ -97,13 +97,64 @@ def kernel_sources(kernel: Callable[..., Any]) -> dict[str, list[str]]:
     return out
 
 
+def kernel_globals(kernel: Callable[..., Any]) -> bytes | None:
+    """The module globals of a kernel that cloudpickle ships by value (``__main__``, notebooks).
+
+    cloudpickle gives such a function only the globals its bytecode names; TileLang evaluates
+    annotations (strings under ``from __future__ import annotations``) and the kernel body in
+    ``__globals__``, so names used only there (``M``, ``T``...) would be missing in the worker.
+    Ship every global that pickles, small ones only; ``None`` for kernels in importable modules.
+    """
+    import sys
+
+    fn = getattr(kernel, "func", kernel)
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    if module is not None and module.__name__ != "__main__" and getattr(module, "__file__", None):
+        return None  # pickled by reference: the worker imports the real module
+    pickler = _cloudpickle()
+    out: dict[str, bytes] = {}
+    for name, value in list(getattr(fn, "__globals__", {}).items()):
+        if name.startswith("__") or value is fn:
+            continue
+        try:
+            blob = pickler.dumps(value)
+        except Exception:  # noqa: BLE001 - whatever does not pickle stays behind
+            continue
+        if len(blob) <= 1 << 20:
+            out[name] = blob
+    return pickler.dumps(out)
+
+
+def _restore_globals(kernel: Any, blob: bytes | None) -> None:
+    if blob is None:
+        return
+    fn = getattr(kernel, "func", kernel)
+    glb = getattr(fn, "__globals__", None)
+    if glb is None:
+        return
+    for name, value in _cloudpickle().loads(blob).items():
+        if name not in glb:
+            try:
+                glb[name] = _cloudpickle().loads(value)
+            except Exception:  # noqa: BLE001 - a global that fails to load is one the kernel may not need
+                continue
+    if getattr(fn, "__module__", None) == "__main__":
+        # TileLang evaluates string annotations as ForwardRef(module=func.__module__), which reads
+        # sys.modules["__main__"], here the worker's own. This runs in a throwaway child only.
+        import sys
+
+        main_dict = sys.modules["__main__"].__dict__
+        for name, value in glb.items():
+            main_dict.setdefault(name, value)
+
+
 def _seed_linecache(sources: dict[str, list[str]]) -> None:
     for name, lines in sources.items():
         # mtime None: linecache.checkcache() leaves entries without a file alone
         linecache.cache[name] = (sum(map(len, lines)), None, list(lines), name)
 
 
-def _child_compile(payload: bytes, config: dict[str, Any], target_spec: Any,
+def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], target_spec: Any,
                    pass_configs: dict[str, Any] | None, wfd: int) -> None:
     """Runs in the forked child: compile one config, report through ``wfd``, never return."""
     import pickle
@@ -118,6 +169,7 @@ def _child_compile(payload: bytes, config: dict[str, Any], target_spec: Any,
 
         resource_tracker.register = lambda *args, **kwargs: None
         kernel = _cloudpickle().loads(payload)
+        _restore_globals(kernel, glb)
         func = kernel(**config)
         tl_compile(func, target_spec, pass_configs)
     except BaseException as e:  # noqa: BLE001 - any failure of the user's kernel or the compiler is a result
@@ -129,7 +181,8 @@ def _child_compile(payload: bytes, config: dict[str, Any], target_spec: Any,
         os._exit(0)
 
 
-def _compile_task(payload: bytes, sources: dict[str, list[str]], index: int, config: dict[str, Any],
+def _compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
+                  config: dict[str, Any],
                   target_spec: Any, pass_configs: dict[str, Any] | None, timeout: float,
                   parent_pid: int) -> CompileOutcome:
     """One joblib task: fork a child that compiles ``config``; wait at most ``timeout`` seconds."""
@@ -146,7 +199,7 @@ def _compile_task(payload: bytes, sources: dict[str, list[str]], index: int, con
     pid = os.fork()
     if pid == 0:  # child
         os.close(rfd)
-        _child_compile(payload, config, target_spec, pass_configs, wfd)
+        _child_compile(payload, glb, config, target_spec, pass_configs, wfd)
     os.close(wfd)
     chunks: list[bytes] = []
     deadline = t0 + timeout
@@ -194,6 +247,7 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
     if not indices:
         return iter(())
     payload = _cloudpickle().dumps(kernel)
+    glb = kernel_globals(kernel)
     sources = kernel_sources(kernel)
     n = n_jobs if n_jobs is not None else -1
     if n == -1 or n > len(indices):
@@ -201,6 +255,6 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
     par = Parallel(n_jobs=n, return_as="generator_unordered")
     me = os.getpid()
     return par(
-        delayed(_compile_task)(payload, sources, i, configs[i], target_spec, pass_configs, timeout, me)
+        delayed(_compile_task)(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me)
         for i in indices
     )

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -135,16 +136,19 @@ def test_changing_a_global_or_closure_value_misses_the_cache(monkeypatch):
     assert not tune(make(0), cfg).from_cache  # same source, other closure value
 
 
-def test_kernel_from_a_notebook_cell_tunes_with_process_workers():
-    """A cell has no file: the worker gets its source through linecache, as IPython's parent has it."""
+def test_kernel_from_a_notebook_cell_tunes_with_process_workers(monkeypatch):
+    """As in Jupyter: the cell runs in ``__main__``, its source lives only in the parent's linecache,
+    and ``from __future__ import annotations`` makes TileLang resolve annotations in ``__main__``."""
     cell = textwrap.dedent('''
+        from __future__ import annotations
         import tilelang.language as T
+        SIZE = 64
 
         def cell_add(block_M=32, block_N=32):
             @T.prim_func
-            def main(A: T.Tensor((64, 64), "float32"), B: T.Tensor((64, 64), "float32"),
-                     C: T.Tensor((64, 64), "float32")):
-                with T.Kernel(T.ceildiv(64, block_N), T.ceildiv(64, block_M), threads=1) as (bx, by):
+            def main(A: T.Tensor((SIZE, SIZE), "float32"), B: T.Tensor((SIZE, SIZE), "float32"),
+                     C: T.Tensor((SIZE, SIZE), "float32")):
+                with T.Kernel(T.ceildiv(SIZE, block_N), T.ceildiv(SIZE, block_M), threads=1) as (bx, by):
                     for i, j in T.Parallel(block_M, block_N):
                         C[by * block_M + i, bx * block_N + j] = (A[by * block_M + i, bx * block_N + j]
                                                                  + B[by * block_M + i, bx * block_N + j])
@@ -152,9 +156,10 @@ def test_kernel_from_a_notebook_cell_tunes_with_process_workers():
     ''')
     filename = "<ipython-input-7-0123456789ab>"
     linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
-    ns = {"__name__": "__notebook_cell__"}
-    exec(compile(cell, filename, "exec"), ns)
-    result = tune(ns["cell_add"], [dict(block_M=16), dict(block_M=32)])
+    notebook_main = types.ModuleType("__main__")
+    monkeypatch.setitem(sys.modules, "__main__", notebook_main)
+    exec(compile(cell, filename, "exec"), notebook_main.__dict__)
+    result = tune(notebook_main.cell_add, [dict(block_M=16), dict(block_M=32)])
     assert [t.status for t in result.trials] == ["ok", "ok"], result.trials
 
 
