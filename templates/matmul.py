@@ -419,14 +419,11 @@ def _split_k_candidates(
 
 def _resolve_target(target: Any) -> Any:
     """"sm_90a" -> a CUDA target for that arch (compile-only without a GPU); anything else as given."""
-    if isinstance(target, str) and _SM_ARCH.match(target):
+    if isinstance(target, dict) or isinstance(target, str) and _SM_ARCH.match(target):
+        import tilelang  # noqa: F401 - puts its bundled tvm on the path
         from tvm.target import Target
 
-        return Target({"kind": "cuda", "arch": target})
-    if isinstance(target, dict):
-        from tvm.target import Target
-
-        return Target(target)
+        return Target(target if isinstance(target, dict) else {"kind": "cuda", "arch": target})
     return target
 
 
