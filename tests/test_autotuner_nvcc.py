@@ -1,0 +1,43 @@
+"""Parallel compilation of real sm_90a GEMM code with nvcc, without a GPU: the worker pool, the
+per-candidate timeout and compile-failure handling on CUDA rather than the C target."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from autotuner.compile import compile_all
+from templates.matmul import kernel as gemm
+
+pytestmark = pytest.mark.nvcc
+
+HOPPER = {"kind": "cuda", "arch": "sm_90a"}
+BASE = dict(block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
+
+
+def test_sm90a_gemm_configs_compile_in_parallel_and_an_illegal_one_is_recorded():
+    fn = functools.partial(gemm, 1024, 1024, 1024)
+    configs = [
+        dict(BASE, block_M=128, block_N=256),
+        dict(BASE, block_M=128, block_N=128, thread_num=128),
+        dict(BASE, block_M=64, block_N=128, num_stages=2, thread_num=128),
+        # 28 columns: no legal warp partition (TileLang needs N % 8 == 0 per warp), as in the grid data
+        dict(BASE, block_M=128, block_N=28, num_stages=2, thread_num=128),
+    ]
+    outcomes = {o.index: o for o in compile_all(fn, configs, list(range(len(configs))), HOPPER,
+                                                 timeout=600, n_jobs=2)}
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    for i in (0, 1, 2):
+        assert outcomes[i].status == "ok", outcomes[i].error
+        assert outcomes[i].seconds > 0
+    assert outcomes[3].status == "compile_error"
+    assert "divisible" in outcomes[3].error
+
+
+def test_sm90a_compile_timeout_kills_nvcc():
+    fn = functools.partial(gemm, 2048, 2048, 2112)  # a shape no other test compiles: no cache hit
+    configs = [dict(BASE, block_M=128, block_N=256, num_stages=4)]
+    outcomes = list(compile_all(fn, configs, [0], HOPPER, timeout=1.0, n_jobs=1))
+    assert outcomes[0].status == "timeout"
+    assert outcomes[0].seconds < 30
