@@ -1,0 +1,158 @@
+"""templates.matmul on a real GPU: every layout and dtype, odd shapes, split-K and fp8 against torch;
+the carver's top-1 without tuning; ``tune`` end to end, and its warm call from a new process.
+
+Run on the GPU machine: ``python3 -m pytest -m gpu tests/test_matmul_gpu.py``. The kernels of the
+correctness matrix are compiled once, in parallel threads, by a module fixture (about 20 compiles).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from templates import matmul as mm
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+MID = dict(block_M=128, block_N=128, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
+SMALL_M = dict(block_M=64, block_N=128, block_K=64, num_stages=3, thread_num=128, enable_rasterization=True)
+LAYOUTS = {"NT": (False, True), "NN": (False, False), "TN": (True, False), "TT": (True, True)}
+SHAPES = {"even": (1024, 2048, 512), "odd": (4000, 4097, 1000)}
+DTYPES = ("float16", "bfloat16")
+
+CASES: dict[str, tuple] = {}
+for _layout in LAYOUTS:
+    for _dtype in DTYPES:
+        for _shape in SHAPES:
+            CASES[f"{_layout}-{_dtype}-{_shape}"] = (*SHAPES[_shape], MID, dict(
+                trans_A=LAYOUTS[_layout][0], trans_B=LAYOUTS[_layout][1], in_dtype=_dtype, out_dtype=_dtype))
+CASES["NT-fp16-splitk4"] = (64, 4096, 4096, SMALL_M, dict(split_k=4))
+CASES["NN-bf16-splitk3-odd"] = (100, 4097, 4000, SMALL_M, dict(split_k=3, trans_B=False, in_dtype="bfloat16",
+                                                               out_dtype="bfloat16"))
+CASES["TN-fp16-splitk2-out-fp32"] = (256, 1000, 4097, SMALL_M, dict(split_k=2, trans_A=True, trans_B=False,
+                                                                    out_dtype="float32"))
+CASES["NT-fp16-out-fp32"] = (1000, 1000, 1000, MID, dict(out_dtype="float32"))
+if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
+    CASES["NT-fp8"] = (2048, 2048, 1024, MID, dict(in_dtype="float8_e4m3", out_dtype="float16"))
+
+
+def make_inputs(M, N, K, in_dtype="float16", trans_A=False, trans_B=True, seed=0):
+    """Random A, B in the kernel's layouts, and the fp32 answer of op(A) @ op(B)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(M, K, device="cuda", generator=g)
+    b = torch.randn(K, N, device="cuda", generator=g)
+    a = a.to(mm._torch_dtype(in_dtype))
+    b = b.to(mm._torch_dtype(in_dtype))
+    A = a.T.contiguous() if trans_A else a
+    B = b.T.contiguous() if trans_B else b
+    return A, B, a.float() @ b.float()
+
+
+def assert_matches(out, ref, in_dtype):
+    assert not torch.isnan(out).any(), "NaN in the output: some element was never written"
+    if in_dtype == "float8_e4m3":  # Hopper's fp8 wgmma accumulates with fewer bits: compare as a whole
+        x, y = out.double(), ref.double()
+        assert 1 - 2 * (x * y).sum() / (x * x + y * y).sum() < 1e-3
+    else:  # one rounding of an fp32 sum: within half an ulp of the output dtype
+        torch.testing.assert_close(out.float(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every case compiled with all buffers as arguments, so the test can hand in a NaN-filled C."""
+    import tilelang
+
+    def build(name):
+        M, N, K, cfg, kw = CASES[name]
+        try:
+            return name, tilelang.compile(mm.kernel(M, N, K, **cfg, **kw), target="cuda")
+        except Exception as e:  # noqa: BLE001 - reported by the test of that case, not the fixture
+            return name, e
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
+        return dict(pool.map(build, CASES))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_correct_against_torch(name, compiled):
+    M, N, K, cfg, kw = CASES[name]
+    jit = compiled[name]
+    if isinstance(jit, Exception):
+        raise jit
+    in_dtype = kw.get("in_dtype", "float16")
+    A, B, ref = make_inputs(M, N, K, in_dtype, kw.get("trans_A", False), kw.get("trans_B", True))
+    C = torch.full((M, N), float("nan"), device="cuda", dtype=mm._torch_dtype(kw.get("out_dtype", "float16")))
+    jit(A, B, C)
+    torch.cuda.synchronize()
+    assert_matches(C, ref, in_dtype)
+    # ref_program agrees on the layout and dtype it returns
+    out = mm.ref_program(A, B, trans_A=kw.get("trans_A", False), trans_B=kw.get("trans_B", True),
+                         out_dtype=kw.get("out_dtype"))
+    assert out.dtype == C.dtype and out.shape == C.shape
+    if "split_k" in kw:  # twice the same answer: no atomics, so bit-identical
+        C2 = torch.full_like(C, float("nan"))
+        jit(A, B, C2)
+        assert torch.equal(C, C2)
+
+
+@pytest.mark.parametrize("M,N,K,dtype,trans_A,trans_B", [
+    (2048, 2048, 2048, "float16", False, True),
+    (4000, 4097, 1000, "bfloat16", True, False),
+])
+def test_carver_top1_without_tuning(M, N, K, dtype, trans_A, trans_B):
+    kern = mm.compile(M, N, K, dtype=dtype, trans_A=trans_A, trans_B=trans_B)
+    A, B, ref = make_inputs(M, N, K, dtype, trans_A, trans_B)
+    assert_matches(kern(A, B), ref, dtype)
+
+
+def test_tune_end_to_end_and_warm_in_a_new_process():
+    M, N, K = 2048, 2048, 2048
+    result = mm.tuner(M, N, K, dtype="float16", topk=8).run(warmup=3, rep=20)
+    assert not result.from_cache
+    assert any(t.status == "ok" for t in result.trials)
+    A, B, ref = make_inputs(M, N, K)
+    assert_matches(result.kernel(A, B), ref, "float16")
+    assert_matches(mm.tune(M, N, K, dtype="float16")(A, B), ref, "float16")  # same process: cached
+
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import torch
+        from templates import matmul as mm
+        torch.zeros(1, device="cuda")  # CUDA context up before the clock starts, as in any app
+        t = time.perf_counter()
+        result = mm.tuner({M}, {N}, {K}, dtype="float16", topk=8).run(warmup=3, rep=20)
+        seconds = time.perf_counter() - t
+        a = torch.randn({M}, {K}, device="cuda", dtype=torch.float16)
+        b = torch.randn({N}, {K}, device="cuda", dtype=torch.float16)
+        err = (result.kernel(a, b).float() - (a.float() @ b.float().T)).abs().max().item()
+        print(json.dumps(dict(seconds=seconds, from_cache=result.from_cache, config=result.config, err=err)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy(),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warm = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert warm["from_cache"], warm
+    assert warm["config"] == result.config
+    assert warm["err"] < 0.5
+    assert warm["seconds"] < 1.0, f"warm tune took {warm['seconds']:.2f} s"
+
+
+def test_tune_small_m_tries_split_k_and_is_correct():
+    M, N, K = 64, 4096, 4096
+    result = mm.tuner(M, N, K, dtype="bfloat16", trans_B=False, topk=4).run(warmup=3, rep=20)
+    split = [t for t in result.trials if t.config.get("split_k", 1) > 1]
+    assert split, "few-wave shape: split-K candidates should have been tried"
+    assert all(t.status in ("ok", "resource_error") for t in split), [(t.config, t.error) for t in split]
+    A, B, ref = make_inputs(M, N, K, "bfloat16", False, False)
+    assert_matches(result.kernel(A, B), ref, "bfloat16")
+    result.summary()
