@@ -51,6 +51,7 @@ __all__ = [
     "default_space",
     "kernel",
     "normalize_config",
+    "split_k_candidates",
     "ref_program",
     "tune",
     "tuner",
@@ -390,7 +391,7 @@ def _num_sms(tmpl: Any) -> int:
     return _DEFAULT_SMS
 
 
-def _split_k_candidates(
+def split_k_candidates(
     configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, per_config: int = 3,
     top: int = 2,
 ) -> list[dict[str, Any]]:
@@ -417,14 +418,22 @@ def _split_k_candidates(
     return out
 
 
-def _resolve_target(target: Any) -> Any:
-    """"sm_90a" -> a CUDA target for that arch (compile-only without a GPU); anything else as given."""
-    if isinstance(target, dict) or isinstance(target, str) and _SM_ARCH.match(target):
+def _target_spec(target: Any) -> Any:
+    """"sm_90a" -> ``{"kind": "cuda", "arch": "sm_90a"}`` (compile-only without such a GPU); anything
+    else ("auto", "cuda", a dict, a TVM target) as given. A dict stays picklable for compile workers."""
+    if isinstance(target, str) and _SM_ARCH.match(target):
+        return {"kind": "cuda", "arch": target}
+    return target
+
+
+def _tvm_target(target: Any) -> Any:
+    spec = _target_spec(target)
+    if isinstance(spec, dict):
         import tilelang  # noqa: F401 - puts its bundled tvm on the path
         from tvm.target import Target
 
-        return Target(target if isinstance(target, dict) else {"kind": "cuda", "arch": target})
-    return target
+        return Target(spec)
+    return spec
 
 
 def _carver_arch(arch: Any, target: Any) -> Any:
@@ -466,7 +475,7 @@ def compile(
         config = _hint_configs(tmpl, 1)[0]
     cfg = normalize_config(config)
     func = kernel(M, N, K, **cfg, in_dtype=in_dtype, out_dtype=out_name, trans_A=trans_A, trans_B=trans_B)
-    return tilelang.compile(func, out_idx=[-1], target=_resolve_target(target))
+    return tilelang.compile(func, out_idx=[-1], target=_tvm_target(target))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -510,7 +519,7 @@ def tuner(
     if configs is None:
         candidates = _hint_configs(tmpl, topk)
         if split_k:
-            candidates += _split_k_candidates(candidates, M, N, K, _num_sms(tmpl))
+            candidates += split_k_candidates(candidates, M, N, K, _num_sms(tmpl))
     else:
         candidates = [normalize_config(c) for c in configs]
         if not candidates:
@@ -520,7 +529,7 @@ def tuner(
     ref = functools.partial(ref_program, trans_A=trans_A, trans_B=trans_B, out_dtype=out_name)
     check = functools.partial(validate, tmpl, K, in_dtype)
     return (AutoTuner.from_kernel(kernel=fn, configs=candidates, validate=check)
-            .set_compile_args(out_idx=[-1], target=_resolve_target(target), supply_type=supply_type,
+            .set_compile_args(out_idx=[-1], target=_target_spec(target), supply_type=supply_type,
                               ref_prog=ref, skip_check=False, atol=atol, rtol=rtol,
                               max_mismatched_ratio=0.0, compile_timeout=compile_timeout))
 

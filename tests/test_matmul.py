@@ -172,15 +172,15 @@ def test_ref_program_fp8_returns_fp16():
 
 
 def test_split_k_candidates_only_for_few_waves():
-    assert mm._split_k_candidates([BEST], 4096, 4096, 4096, 132) == []  # 512 tiles: plenty of waves
-    cands = mm._split_k_candidates([SMALL_M], 64, 4096, 4096, 132)      # 32 tiles on 132 SMs
+    assert mm.split_k_candidates([BEST], 4096, 4096, 4096, 132) == []  # 512 tiles: plenty of waves
+    cands = mm.split_k_candidates([SMALL_M], 64, 4096, 4096, 132)      # 32 tiles on 132 SMs
     assert [c["split_k"] for c in cands] == [2, 4, 8]
     assert all(dict(c, split_k=1) == dict(SMALL_M, split_k=1) for c in cands)
     for c in cands:  # every candidate builds
         mm.kernel(64, 4096, 4096, **c)
     # short K caps the split: K=128 with block_K=64 has 2 K tiles
-    assert [c["split_k"] for c in mm._split_k_candidates([SMALL_M], 64, 4096, 128, 132)] == [2]
-    assert mm._split_k_candidates([SMALL_M], 64, 4096, 64, 132) == []
+    assert [c["split_k"] for c in mm.split_k_candidates([SMALL_M], 64, 4096, 128, 132)] == [2]
+    assert mm.split_k_candidates([SMALL_M], 64, 4096, 64, 132) == []
 
 
 def test_split_k_limit():
