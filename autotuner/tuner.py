@@ -182,6 +182,7 @@ class AutoTuner:
         self.pass_configs: dict[str, Any] | None = None
         # run options
         self.n_jobs: int | None = None
+        self.backend: str | None = None
         self.cache = True
         self.db_path: str | None = None
         self.progress = True
@@ -267,13 +268,16 @@ class AutoTuner:
         return self
 
     def set_tuning(self, n_jobs: int | None = None, cache: bool = True, db_path: str | None = None,
-                   progress: bool = True) -> AutoTuner:
-        """Parallelism (``n_jobs`` compile workers, default all cores), whether to use the tuning
-        database (``cache``), where it lives (``db_path``; default :func:`autotuner.cache.cache_dir`)
-        and whether to show the progress bar."""
+                   progress: bool = True, backend: str | None = None) -> AutoTuner:
+        """Parallelism (``n_jobs`` compile workers, default all cores, on joblib ``backend``: default
+        forked ``"multiprocessing"`` workers; ``"loky"``, or ``"dask"``/``"ray"`` with their joblib
+        integration registered, to go past one machine), whether to use the tuning database
+        (``cache``), where it lives (``db_path``; default :func:`autotuner.cache.cache_dir`) and
+        whether to show the progress bar."""
         if n_jobs is not None and (not isinstance(n_jobs, int) or n_jobs == 0 or n_jobs < -1):
             raise ValueError(f"n_jobs must be a positive int or -1 (all cores), got {n_jobs!r}")
         self.n_jobs, self.cache, self.db_path, self.progress = n_jobs, bool(cache), db_path, bool(progress)
+        self.backend = backend
         return self
 
     # -----------------------------------------------------------------------------------------
@@ -385,7 +389,7 @@ class AutoTuner:
         kernels: dict[int, Any] = {}
         try:
             for out in compile_all(self.fn, self.configs, to_compile, target.spec, timeout=self.compile_timeout,
-                                   n_jobs=self.n_jobs, pass_configs=self.pass_configs):
+                                   n_jobs=self.n_jobs, pass_configs=self.pass_configs, backend=self.backend):
                 cfg = self.configs[out.index]
                 if out.status != "ok":
                     record(out.index, Trial(cfg, out.status, out.error, out.seconds))

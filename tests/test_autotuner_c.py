@@ -24,11 +24,12 @@ from autotuner.cache import cache_dir
 GRID = [dict(block_M=bm, block_N=bn) for bm in (32, 64) for bn in (16, 32, 64)]
 
 
-def tune(kernel, configs, **compile_args):
+def tune(kernel, configs, backend=None, **compile_args):
     compile_args.setdefault("out_idx", [-1])
     compile_args.setdefault("ref_prog", ref_add)
     compile_args.setdefault("target", "c")
-    return AutoTuner.from_kernel(kernel, configs).set_compile_args(**compile_args).set_tuning(n_jobs=2).run(1, 5)
+    return (AutoTuner.from_kernel(kernel, configs).set_compile_args(**compile_args)
+            .set_tuning(n_jobs=2, backend=backend).run(1, 5))
 
 
 def by_cfg(result):
@@ -72,10 +73,11 @@ def test_compile_failures_are_recorded_and_never_fatal():
     assert status[32].status == status[64].status == "ok"
 
 
-def test_hung_compile_is_killed_at_its_timeout():
+@pytest.mark.parametrize("backend", ["multiprocessing", "loky"])
+def test_hung_compile_is_killed_at_its_timeout(backend):
     configs = [dict(block_M=32), dict(block_M=64, hang=True)]
     t0 = time.perf_counter()
-    result = tune(add_failing, configs, compile_timeout=4)
+    result = tune(add_failing, configs, compile_timeout=4, backend=backend)
     assert time.perf_counter() - t0 < 60
     hung = [t for t in result.trials if t.config.get("hang")][0]
     assert hung.status == "timeout" and "compile_timeout=4" in hung.error
@@ -136,9 +138,11 @@ def test_changing_a_global_or_closure_value_misses_the_cache(monkeypatch):
     assert not tune(make(0), cfg).from_cache  # same source, other closure value
 
 
-def test_kernel_from_a_notebook_cell_tunes_with_process_workers(monkeypatch):
+@pytest.mark.parametrize("backend", ["multiprocessing", "loky"])
+def test_kernel_from_a_notebook_cell_tunes_with_process_workers(monkeypatch, backend):
     """As in Jupyter: the cell runs in ``__main__``, its source lives only in the parent's linecache,
-    and ``from __future__ import annotations`` makes TileLang resolve annotations in ``__main__``."""
+    and ``from __future__ import annotations`` makes TileLang resolve annotations in ``__main__``.
+    Forked workers inherit all that; loky's spawned workers get it shipped with the job."""
     cell = textwrap.dedent('''
         from __future__ import annotations
         import tilelang.language as T
@@ -159,7 +163,7 @@ def test_kernel_from_a_notebook_cell_tunes_with_process_workers(monkeypatch):
     notebook_main = types.ModuleType("__main__")
     monkeypatch.setitem(sys.modules, "__main__", notebook_main)
     exec(compile(cell, filename, "exec"), notebook_main.__dict__)
-    result = tune(notebook_main.cell_add, [dict(block_M=16), dict(block_M=32)])
+    result = tune(notebook_main.cell_add, [dict(block_M=16), dict(block_M=32)], backend=backend)
     assert [t.status for t in result.trials] == ["ok", "ok"], result.trials
 
 
