@@ -493,6 +493,7 @@ def tuner(
     out_dtype: str | None = None,
     configs: Iterable[Mapping[str, Any]] | None = None,
     split_k: bool = True,
+    validate_configs: bool = True,
     target: Any = "auto",
     supply_type: Any = None,
     atol: float = 1e-2,
@@ -505,7 +506,8 @@ def tuner(
     Candidates: ``configs`` when given (e.g. :func:`default_space` for the exhaustive baseline), else the
     carver's top ``topk`` hints plus, with ``split_k``, split-K variants of the top two when their tiles
     fill less than one wave. Every candidate is checked against :func:`ref_program` with no mismatches
-    allowed, and illegal ones are dropped by :func:`validate` before they reach nvcc.
+    allowed, and illegal ones are dropped by :func:`validate` before they reach nvcc (unless
+    ``validate_configs`` is False: an exhaustive baseline should try everything, as TileLang does).
     """
     from autotuner import AutoTuner
 
@@ -528,7 +530,7 @@ def tuner(
                            trans_A=trans_A, trans_B=trans_B)
     ref = functools.partial(ref_program, trans_A=trans_A, trans_B=trans_B, out_dtype=out_name)
     check = functools.partial(validate, tmpl, K, in_dtype)
-    return (AutoTuner.from_kernel(kernel=fn, configs=candidates, validate=check)
+    return (AutoTuner.from_kernel(kernel=fn, configs=candidates, validate=check if validate_configs else None)
             .set_compile_args(out_idx=[-1], target=_target_spec(target), supply_type=supply_type,
                               ref_prog=ref, skip_check=False, atol=atol, rtol=rtol,
                               max_mismatched_ratio=0.0, compile_timeout=compile_timeout))
