@@ -1,0 +1,298 @@
+"""MatmulTemplate: rank GEMM tilings for TileLang on a GPU with the analytical model, without a GPU.
+
+    tmpl = MatmulTemplate(M=4096, N=4096, K=4096).with_arch(CUDA("H100"))
+    hints = tmpl.recommend_hints(topk=8)       # best first, all legal
+    hints[0].to_config()                       # the kernel's keyword config
+    tmpl.rank(configs)                         # a user's list: legal ones ordered, illegal ones with why
+    tmpl.predict(config)                       # latency and the terms behind it
+    tmpl.validate(config)                      # [] if legal, else what is wrong and how to fix it
+
+The search covers more than TileLang's 288-config grid (block 192/96/32, 4+ stages, block_K 128,
+384 threads) but only legal configs, and it hedges: at most half of the hints may come from outside
+the region the constants were calibrated on, so a wrong extrapolation cannot push every measured
+winner out of the top-k.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .arch import CUDA, GPUArch
+from .hint import Hint, NoRasterization, Rasterization2DRow
+from .lowering import ConfigArrays, Lowering, lower
+from .model import ModelConstants, Terms, constants_for, predict_arrays
+from .problem import MatmulProblem
+from .validity import RULES, check_matmul_config, legal_mask, normalize_config
+
+__all__ = [
+    "DroppedConfig",
+    "MatmulTemplate",
+    "Prediction",
+    "RankedConfig",
+    "Ranking",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one config (times in milliseconds).
+
+    ``latency_ms`` is the prediction; ``compute_ms`` (tensor cores), ``memory_ms`` (L2 + DRAM),
+    ``pipeline_ms`` (load latency over the stages in flight) and ``epilogue_ms`` (fill + C store) are the
+    terms it blends; ``waves`` / ``wave_efficiency`` describe the tail; ``bound`` names the limit that
+    dominates. ``errors`` is non-empty when the config is illegal (the numbers then say how it would do).
+    """
+
+    config: dict
+    latency_ms: float
+    compute_ms: float
+    memory_ms: float
+    pipeline_ms: float
+    epilogue_ms: float
+    iteration_us: float
+    waves: float
+    wave_efficiency: float
+    occupancy: int
+    bound: str
+    tflops: float
+    instruction: str
+    warp_specialized: bool
+    smem_bytes: int
+    acc_regs: float
+    errors: tuple[str, ...] = ()
+
+    @property
+    def legal(self) -> bool:
+        return not self.errors
+
+    @property
+    def terms(self) -> dict[str, float]:
+        return dict(compute_ms=self.compute_ms, memory_ms=self.memory_ms, pipeline_ms=self.pipeline_ms,
+                    epilogue_ms=self.epilogue_ms, waves=self.waves, wave_efficiency=self.wave_efficiency)
+
+
+@dataclass(frozen=True)
+class RankedConfig:
+    config: dict
+    prediction: Prediction
+
+
+@dataclass(frozen=True)
+class DroppedConfig:
+    config: Any
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """What :meth:`MatmulTemplate.rank` returns. Iterating yields the legal configs, best first;
+    ``.ranked`` pairs each with its prediction; ``.dropped`` lists the illegal ones with the reasons."""
+
+    ranked: tuple[RankedConfig, ...]
+    dropped: tuple[DroppedConfig, ...]
+
+    @property
+    def configs(self) -> list[dict]:
+        return [r.config for r in self.ranked]
+
+    def __iter__(self) -> Iterator[dict]:
+        return iter(self.configs)
+
+    def __len__(self) -> int:
+        return len(self.ranked)
+
+
+# The region the Hopper constants were calibrated on (TileLang's grid); hints outside it are capped.
+_CALIBRATED = dict(block=(64, 128, 256), k_bytes=(64, 128), stages=(0, 1, 2, 3), threads=(128, 256))
+
+
+class MatmulTemplate:
+    """A GEMM problem; ``.with_arch(arch)`` binds a GPU and enables ranking."""
+
+    def __init__(self, M: int, N: int, K: int, in_dtype: str = "float16", out_dtype: str = "float16",
+                 accum_dtype: str = "float32", trans_A: bool = False, trans_B: bool = True,
+                 arch: GPUArch | str | None = None, constants: ModelConstants | None = None) -> None:
+        self.problem = MatmulProblem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+        self.arch: GPUArch | None = None if arch is None else CUDA(arch)
+        self._constants = constants
+        self._hints: list[Hint] | None = None
+
+    def __repr__(self) -> str:
+        where = self.arch.name if self.arch else "no arch"
+        return f"MatmulTemplate({self.problem.describe()}, {where})"
+
+    # ------------------------------------------------------------------ binding
+    def with_arch(self, arch: GPUArch | str) -> MatmulTemplate:
+        """A copy of this template bound to ``arch`` (a GPUArch or a name for :func:`carver.arch.CUDA`)."""
+        p = self.problem
+        return MatmulTemplate(p.M, p.N, p.K, p.in_dtype, p.out_dtype, p.accum_dtype, p.trans_A, p.trans_B,
+                              arch=CUDA(arch), constants=self._constants)
+
+    def _need_arch(self) -> GPUArch:
+        if self.arch is None:
+            raise RuntimeError("this MatmulTemplate has no GPU; call .with_arch(CUDA('H100')) (or another "
+                               "name, or 'cuda' for the local device) first")
+        return self.arch
+
+    @property
+    def constants(self) -> ModelConstants:
+        return self._constants or constants_for(self._need_arch())
+
+    # ------------------------------------------------------------------ validity
+    def validate(self, config: Mapping[str, Any]) -> list[str]:
+        """Why ``config`` cannot compile or launch here ([] when legal). Delegates to
+        :func:`carver.validity.check_matmul_config`, the one validity function."""
+        return check_matmul_config(self.problem, config, self._need_arch())
+
+    # ------------------------------------------------------------------ model
+    def _terms(self, cfgs: ConfigArrays) -> tuple[Lowering, Terms]:
+        arch = self._need_arch()
+        lw = lower(self.problem, arch, cfgs)
+        return lw, predict_arrays(self.problem, arch, lw, self.constants)
+
+    def _prediction(self, lw: Lowering, t: Terms, i: int, errors: tuple[str, ...] = ()) -> Prediction:
+        ms = float(t.latency_us[i]) / 1e3
+        return Prediction(
+            config=lw.cfg.config(i), latency_ms=ms, compute_ms=float(t.compute_us[i]) / 1e3,
+            memory_ms=float(t.memory_us[i]) / 1e3, pipeline_ms=float(t.pipeline_us[i]) / 1e3,
+            epilogue_ms=float(t.epilogue_us[i]) / 1e3, iteration_us=float(t.iteration_us[i]),
+            waves=float(t.waves[i]), wave_efficiency=float(t.wave_efficiency[i]),
+            occupancy=int(t.occupancy[i]), bound=str(t.bound[i]),
+            tflops=self.problem.flops / (ms * 1e-3) / 1e12,
+            instruction="wgmma" if lw.wgmma[i] else "mma.sync", warp_specialized=bool(lw.warp_specialized[i]),
+            smem_bytes=int(lw.smem_bytes[i]), acc_regs=float(lw.acc_regs[i]), errors=errors)
+
+    def predict(self, config: Mapping[str, Any]) -> Prediction:
+        """Predicted latency of one config and its terms. An illegal config still gets numbers (with
+        ``.errors`` set); a config whose keys or types are wrong raises ValueError."""
+        cfg, problems = normalize_config(config)
+        if cfg is None:
+            raise ValueError("; ".join(problems))
+        lw, t = self._terms(ConfigArrays.from_configs([cfg]))
+        errors = tuple(r.message(self.problem, self.arch, lw, 0) for r in RULES
+                       if bool(r.broken(self.problem, self.arch, lw)[0]))
+        return self._prediction(lw, t, 0, errors)
+
+    def rank(self, configs: Iterable[Mapping[str, Any]]) -> Ranking:
+        """Order ``configs`` by predicted latency, best first; illegal ones are dropped with reasons."""
+        configs = list(configs)
+        good: list[dict] = []
+        dropped: list[DroppedConfig] = []
+        for c in configs:
+            reasons = self.validate(c)
+            if reasons:
+                dropped.append(DroppedConfig(c, tuple(reasons)))
+            else:
+                good.append(normalize_config(c)[0])
+        if not good:
+            return Ranking((), tuple(dropped))
+        lw, t = self._terms(ConfigArrays.from_configs(good))
+        order = sorted(range(len(good)), key=lambda i: (float(t.latency_us[i]), i))
+        ranked = tuple(RankedConfig(_public(good[i]), self._prediction(lw, t, i))
+                       for i in order)
+        return Ranking(ranked, tuple(dropped))
+
+    # ------------------------------------------------------------------ search
+    def search_space(self) -> ConfigArrays:
+        """Every candidate the search considers (legal or not), as arrays."""
+        arch = self._need_arch()
+        p = self.problem
+        hopper = arch.has_wgmma
+        blocks_m = [64, 128, 192, 256] if hopper else [32, 64, 128, 256]
+        if p.M < 64:
+            blocks_m = [16, 32] + blocks_m
+        blocks_n = [16, 32, 64, 96, 128, 160, 192, 224, 256] if hopper else [32, 64, 128, 256]
+        blocks_k = sorted({b // p.in_bytes for b in (64, 128, 256)})
+        stages = list(range(0, 9)) if hopper else list(range(1, 6))
+        threads = [128, 256, 384] if hopper else [64, 128, 256]
+        grid = np.array(list(itertools.product(blocks_m, blocks_n, blocks_k, stages, threads, (1, 0))),
+                        dtype=np.int64)
+        ones = np.ones(len(grid), dtype=np.int64)
+        return ConfigArrays(grid[:, 0], grid[:, 1], grid[:, 2], grid[:, 3], grid[:, 4], grid[:, 5],
+                            ones * 10, ones)
+
+    def _calibrated(self, cfgs: ConfigArrays) -> np.ndarray:
+        k_bytes = cfgs.block_K * self.problem.in_bytes
+        return (np.isin(cfgs.block_M, _CALIBRATED["block"]) & np.isin(cfgs.block_N, _CALIBRATED["block"])
+                & np.isin(k_bytes, _CALIBRATED["k_bytes"]) & np.isin(cfgs.num_stages, _CALIBRATED["stages"])
+                & np.isin(cfgs.thread_num, _CALIBRATED["threads"]))
+
+    def recommend_hints(self, topk: int = 8) -> list[Hint]:
+        """The ``topk`` best legal configs by predicted latency, best first (deterministic).
+
+        Near-duplicates are skipped (rasterization on/off when the model cannot tell them apart), and at
+        most ``ceil(topk / 2)`` hints come from outside the calibrated region, so that the hints always
+        include the model's best picks among configs like those it was calibrated on.
+        """
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"topk must be a positive int, got {topk!r}")
+        if self._hints is not None and len(self._hints) >= topk:
+            return list(self._hints[:topk])
+        arch = self._need_arch()
+        if not arch.supports(self.problem.in_dtype):
+            raise ValueError(f"in_dtype={self.problem.in_dtype!r} has no tensor-core path on {arch.name} "
+                             f"(supported: {[d for d, _ in arch.tensor_peak]}); use one of those or another GPU")
+        space = self.search_space()
+        lw_all = lower(self.problem, arch, space)
+        keep = np.flatnonzero(legal_mask(self.problem, arch, lw_all))
+        if keep.size == 0:
+            raise ValueError(f"no legal config for {self.problem.describe()} on {arch.name}")
+        cfgs = ConfigArrays(*(getattr(space, f)[keep] for f in ConfigArrays.__dataclass_fields__))
+        lw, t = self._terms(cfgs)
+        lat = np.round(t.latency_us, 6)
+        order = np.lexsort((cfgs.enable_rasterization * -1, cfgs.thread_num, cfgs.num_stages, cfgs.block_K,
+                            cfgs.block_N, cfgs.block_M, lat))
+        outside = ~self._calibrated(cfgs)
+        cap_outside = -(-topk // 2)
+        chosen: list[int] = []
+        seen: dict[tuple, float] = {}   # full config (less rasterization) -> predicted latency
+        tiles: dict[tuple, float] = {}  # (block_M, block_N, block_K) -> best predicted latency chosen
+        n_outside = 0
+        for i in order:
+            tile = (int(cfgs.block_M[i]), int(cfgs.block_N[i]), int(cfgs.block_K[i]))
+            key = tile + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))
+            if key in seen and abs(seen[key] - lat[i]) <= 1e-3 * lat[i]:
+                continue  # only rasterization differs and the model sees no difference
+            if outside[i]:
+                if n_outside >= cap_outside:
+                    continue
+                # An extrapolated pick must bring a new tile shape, or be clearly (>1%) better than the
+                # same tile already chosen: stages/threads variants within 1% are one bet, not several.
+                if tile in tiles and lat[i] >= 0.99 * tiles[tile]:
+                    continue
+            seen[key] = float(lat[i])
+            tiles[tile] = min(tiles.get(tile, np.inf), float(lat[i]))
+            n_outside += bool(outside[i])
+            chosen.append(int(i))
+            if len(chosen) == topk:
+                break
+        hints = [self._hint(lw, t, i) for i in chosen]
+        self._hints = hints
+        return list(hints)
+
+    def _hint(self, lw: Lowering, t: Terms, i: int) -> Hint:
+        c = lw.cfg
+        bm, bn = int(c.block_M[i]), int(c.block_N[i])
+        raster = (Rasterization2DRow(int(c.panel_size[i])) if c.enable_rasterization[i] else NoRasterization())
+        return Hint(block=(bm, bn), warp=(bm // int(lw.m_warp[i]), bn // int(lw.n_warp[i])),
+                    rstep=(int(c.block_K[i]),), pipeline_stage=int(c.num_stages[i]),
+                    threads=int(c.thread_num[i]), rasterization_plan=raster, split_k=int(c.split_k[i]),
+                    prediction=self._prediction(lw, t, i))
+
+
+def _public(cfg: dict) -> dict:
+    """A normalised config without the optional keys that are at their defaults."""
+    out = {k: v for k, v in cfg.items() if k not in ("panel_size", "split_k")}
+    if cfg.get("panel_size", 10) != 10:
+        out["panel_size"] = cfg["panel_size"]
+    if cfg.get("split_k", 1) != 1:
+        out["split_k"] = cfg["split_k"]
+    return out

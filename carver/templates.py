@@ -1,0 +1,319 @@
+"""First models for memory-bound kernels: GEMV, elementwise and row reductions.
+
+Same interface as :class:`~carver.matmul.MatmulTemplate` (``with_arch``, ``recommend_hints``, ``rank``,
+``predict``, ``validate``), a simpler model: these kernels move every byte once, so time is the larger
+of DRAM time and the per-CTA latency chain (a load's latency, hidden only by the CTAs and the loads in
+flight per SM), over waves of CTAs. They reuse the family's calibrated latency and per-SM bandwidth;
+nothing here is calibrated on measurements of these kernels yet (docs/carver.md says so).
+
+Config keys: elementwise ``block_size`` (elements per CTA), ``thread_num``; GEMV ``block_N`` (output
+rows per CTA), ``block_K`` (reduction chunk per step), ``thread_num``; reduction ``block_M`` (rows per
+CTA), ``block_N`` (chunk per step), ``thread_num``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .arch import CUDA, GPUArch
+from .hint import NoRasterization
+from .model import ModelConstants, constants_for
+from .problem import canonical_dtype, dtype_bytes
+
+__all__ = [
+    "ElementwiseTemplate",
+    "GEMVTemplate",
+    "GeneralReductionTemplate",
+    "KernelHint",
+    "KernelPrediction",
+]
+
+#: Fraction of the data-sheet DRAM bandwidth a streaming kernel reaches (H200: 4.3 of 4.8 TB/s copy).
+_DRAM_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class KernelPrediction:
+    """Predicted latency (ms) and its terms: DRAM time, the per-CTA latency chain, waves."""
+
+    config: dict
+    latency_ms: float
+    memory_ms: float
+    latency_chain_ms: float
+    waves: float
+    ctas: int
+    bound: str
+    errors: tuple[str, ...] = ()
+
+    @property
+    def legal(self) -> bool:
+        return not self.errors
+
+    @property
+    def terms(self) -> dict[str, float]:
+        return dict(memory_ms=self.memory_ms, latency_chain_ms=self.latency_chain_ms, waves=self.waves)
+
+
+@dataclass(frozen=True)
+class KernelHint:
+    """A recommended config of a memory-bound template; ``to_config()`` is the kernel's keyword dict."""
+
+    items: tuple[tuple[str, int], ...]
+    prediction: KernelPrediction | None = field(default=None, compare=False, repr=False)
+    pipeline_stage: int = 0
+    warp: tuple[int, ...] = ()
+    rasterization_plan: NoRasterization = NoRasterization()
+
+    def to_config(self) -> dict[str, int]:
+        return dict(self.items)
+
+    @property
+    def threads(self) -> int:
+        return self.to_config()["thread_num"]
+
+    @property
+    def block(self) -> tuple[int, ...]:
+        return tuple(v for k, v in self.items if k.startswith("block"))
+
+    @property
+    def rstep(self) -> tuple[int, ...]:
+        c = self.to_config()
+        return (c["block_K"],) if "block_K" in c else ((c["block_N"],) if "block_M" in c else ())
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What one config asks of the GPU: CTAs, bytes per CTA and in total, steps per CTA."""
+
+    ctas: int
+    bytes_total: float
+    bytes_per_step: float
+    steps: int
+
+
+class _MemoryBoundTemplate:
+    """Shared machinery: a config space, rules, a work description, the streaming model."""
+
+    keys: tuple[str, ...] = ()
+
+    def __init__(self, arch: GPUArch | str | None = None) -> None:
+        self.arch: GPUArch | None = None if arch is None else CUDA(arch)
+
+    def _args(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def with_arch(self, arch: GPUArch | str) -> Any:
+        return type(self)(**self._args(), arch=CUDA(arch))
+
+    def _need_arch(self) -> GPUArch:
+        if self.arch is None:
+            raise RuntimeError(f"this {type(self).__name__} has no GPU; call .with_arch(CUDA('H100')) first")
+        return self.arch
+
+    # subclass hooks
+    def _space(self) -> Iterable[dict[str, int]]:
+        raise NotImplementedError
+
+    def _rules(self, c: dict[str, int]) -> list[str]:
+        raise NotImplementedError
+
+    def _work(self, c: dict[str, int]) -> _Work:
+        raise NotImplementedError
+
+    def _normalize(self, config: Mapping[str, Any]) -> tuple[dict[str, int] | None, list[str]]:
+        if not isinstance(config, Mapping):
+            return None, [f"a {type(self).__name__} config must be a dict, got {config!r}"]
+        problems = []
+        unknown = [k for k in config if k not in self.keys]
+        missing = [k for k in self.keys if k not in config]
+        if unknown:
+            problems.append(f"unknown config key(s) {unknown}; this template takes {list(self.keys)}")
+        if missing:
+            problems.append(f"config {dict(config)} lacks {missing}; this template takes {list(self.keys)}")
+        for k in self.keys:
+            v = config.get(k, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                problems.append(f"{k} must be a positive int, got {v!r}")
+        return (None, problems) if problems else ({k: int(config[k]) for k in self.keys}, [])
+
+    def _thread_rules(self, t: int) -> list[str]:
+        arch = self._need_arch()
+        if t % arch.warp_size or not 0 < t <= arch.max_threads_per_block:
+            return [f"thread_num must be a multiple of {arch.warp_size} in [32, {arch.max_threads_per_block}], "
+                    f"got {t}"]
+        return []
+
+    def validate(self, config: Mapping[str, Any]) -> list[str]:
+        """Why ``config`` cannot run here ([] when legal); each message names the value and a fix."""
+        cfg, problems = self._normalize(config)
+        return problems if cfg is None else self._thread_rules(cfg["thread_num"]) + self._rules(cfg)
+
+    def predict(self, config: Mapping[str, Any]) -> KernelPrediction:
+        cfg, problems = self._normalize(config)
+        if cfg is None:
+            raise ValueError("; ".join(problems))
+        return self._predict(cfg, tuple(self.validate(cfg)))
+
+    def _predict(self, c: dict[str, int], errors: tuple[str, ...] = ()) -> KernelPrediction:
+        arch = self._need_arch()
+        k: ModelConstants = constants_for(arch)
+        w = self._work(c)
+        t = c["thread_num"]
+        occ = max(1, min(arch.max_threads_per_sm // t, arch.max_blocks_per_sm))
+        per_wave = arch.sm_count * occ
+        waves = w.ctas / per_wave
+        active = min(w.ctas, per_wave)
+        per_sm = active / min(active, arch.sm_count)
+        # One step: a load's latency plus its transfer at this SM's share of bandwidth; the loads of a
+        # step are issued together, so more threads per CTA do not add latency, only bytes in flight.
+        step = k.load_latency_us + w.bytes_per_step * per_sm / k.sm_bandwidth
+        chain = math.ceil(waves) * w.steps * step if w.ctas else 0.0
+        memory = w.bytes_total / (arch.dram_bandwidth * _DRAM_FRACTION / 1e6)
+        total = (memory ** 4 + chain ** 4) ** 0.25 + k.launch_us
+        return KernelPrediction(config=dict(c), latency_ms=total / 1e3, memory_ms=memory / 1e3,
+                                latency_chain_ms=chain / 1e3, waves=waves, ctas=w.ctas,
+                                bound="memory" if memory >= chain else "latency", errors=errors)
+
+    def rank(self, configs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[tuple[Any, list[str]]]]:
+        """(legal configs best first, [(illegal config, reasons)])."""
+        good, dropped = [], []
+        for c in configs:
+            why = self.validate(c)
+            if why:
+                dropped.append((c, why))
+            else:
+                good.append(self._normalize(c)[0])
+        good.sort(key=lambda c: (self._predict(c).latency_ms, tuple(c.values())))
+        return good, dropped
+
+    def recommend_hints(self, topk: int = 8) -> list[KernelHint]:
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"topk must be a positive int, got {topk!r}")
+        scored = []
+        for c in self._space():
+            if not self.validate(c):
+                p = self._predict(c)
+                scored.append((p.latency_ms, tuple(c.values()), c, p))
+        if not scored:
+            raise ValueError(f"no legal config for {self!r}")
+        scored.sort(key=lambda s: (s[0], s[1]))
+        return [KernelHint(tuple(c.items()), p) for _, _, c, p in scored[:topk]]
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._args().items())
+        return f"{type(self).__name__}({args}, arch={self.arch.name if self.arch else None})"
+
+
+def _positive(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+class ElementwiseTemplate(_MemoryBoundTemplate):
+    """``out[i] = f(in_0[i], ..., in_{n-1}[i])`` over ``numel`` elements."""
+
+    keys = ("block_size", "thread_num")
+
+    def __init__(self, numel: int, num_inputs: int = 1, dtype: str = "float16", out_dtype: str | None = None,
+                 arch: GPUArch | str | None = None) -> None:
+        self.numel = _positive(numel, "numel")
+        self.num_inputs = _positive(num_inputs, "num_inputs")
+        self.dtype = canonical_dtype(dtype)
+        self.out_dtype = canonical_dtype(out_dtype or dtype, "out_dtype")
+        super().__init__(arch)
+
+    def _args(self) -> dict[str, Any]:
+        return dict(numel=self.numel, num_inputs=self.num_inputs, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _space(self) -> Iterable[dict[str, int]]:
+        for b, t in itertools.product([256 * 2 ** i for i in range(7)], (128, 256, 512, 1024)):
+            yield dict(block_size=b, thread_num=t)
+
+    def _rules(self, c: dict[str, int]) -> list[str]:
+        vec = max(1, 16 // dtype_bytes(self.dtype))
+        if c["block_size"] % (c["thread_num"] * vec):
+            return [f"block_size must be a multiple of thread_num * {vec} (one 16-byte vector per thread), got "
+                    f"block_size={c['block_size']}, thread_num={c['thread_num']}; use block_size="
+                    f"{c['thread_num'] * vec * max(1, c['block_size'] // (c['thread_num'] * vec))}"]
+        return []
+
+    def _work(self, c: dict[str, int]) -> _Work:
+        per_elem = self.num_inputs * dtype_bytes(self.dtype) + dtype_bytes(self.out_dtype)
+        return _Work(ctas=math.ceil(self.numel / c["block_size"]), bytes_total=self.numel * per_elem,
+                     bytes_per_step=c["block_size"] * per_elem, steps=1)
+
+
+class GeneralReductionTemplate(_MemoryBoundTemplate):
+    """``out[m] = reduce(x[m, :])`` for an ``(M, N)`` input (reduce the last axis)."""
+
+    keys = ("block_M", "block_N", "thread_num")
+
+    def __init__(self, M: int, N: int, dtype: str = "float16", out_dtype: str | None = None,
+                 arch: GPUArch | str | None = None) -> None:
+        self.M, self.N = _positive(M, "M"), _positive(N, "N")
+        self.dtype = canonical_dtype(dtype)
+        self.out_dtype = canonical_dtype(out_dtype or dtype, "out_dtype")
+        super().__init__(arch)
+
+    def _args(self) -> dict[str, Any]:
+        return dict(M=self.M, N=self.N, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _space(self) -> Iterable[dict[str, int]]:
+        for bm, bn, t in itertools.product((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048, 4096),
+                                           (64, 128, 256, 512)):
+            yield dict(block_M=bm, block_N=bn, thread_num=t)
+
+    def _row_rules(self, rows: int, chunk: int, t: int, chunk_name: str) -> list[str]:
+        vec = max(1, 16 // dtype_bytes(self.dtype))
+        out = []
+        if chunk % vec:
+            out.append(f"{chunk_name} must be a multiple of {vec} (16-byte vectors of {self.dtype}), got {chunk}")
+        elif rows * chunk < t * vec:
+            out.append(f"thread_num={t} leaves threads idle: {rows} rows x {chunk} = {rows * chunk} elements per "
+                       f"step is under one {vec}-element vector per thread; use thread_num <= "
+                       f"{max(32, rows * chunk // vec // 32 * 32)} or a larger {chunk_name}")
+        if rows * chunk * dtype_bytes(self.dtype) > self._need_arch().smem_per_block:
+            out.append(f"a {rows}x{chunk} step needs more shared memory than {self._need_arch().name} has per "
+                       f"block; use a smaller {chunk_name}")
+        return out
+
+    def _rules(self, c: dict[str, int]) -> list[str]:
+        return self._row_rules(c["block_M"], c["block_N"], c["thread_num"], "block_N")
+
+    def _work(self, c: dict[str, int]) -> _Work:
+        b = dtype_bytes(self.dtype)
+        return _Work(ctas=math.ceil(self.M / c["block_M"]),
+                     bytes_total=self.M * self.N * b + self.M * dtype_bytes(self.out_dtype),
+                     bytes_per_step=c["block_M"] * c["block_N"] * b, steps=math.ceil(self.N / c["block_N"]))
+
+
+class GEMVTemplate(GeneralReductionTemplate):
+    """``y[N] = A[N, K] @ x[K]``: a row reduction with a shared vector (re-read per CTA, from L2)."""
+
+    keys = ("block_N", "block_K", "thread_num")
+
+    def __init__(self, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
+                 arch: GPUArch | str | None = None) -> None:
+        self.K = _positive(K, "K")
+        super().__init__(M=N, N=K, dtype=dtype, out_dtype=out_dtype, arch=arch)
+
+    def _args(self) -> dict[str, Any]:
+        return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _space(self) -> Iterable[dict[str, int]]:
+        for c in super()._space():
+            yield dict(block_N=c["block_M"], block_K=c["block_N"], thread_num=c["thread_num"])
+
+    def _rules(self, c: dict[str, int]) -> list[str]:
+        return self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K")
+
+    def _work(self, c: dict[str, int]) -> _Work:
+        b = dtype_bytes(self.dtype)
+        w = super()._work(dict(block_M=c["block_N"], block_N=c["block_K"], thread_num=c["thread_num"]))
+        # x is read once per step by every CTA; it stays in L2, so it costs latency, not DRAM bytes.
+        return _Work(w.ctas, w.bytes_total + self.K * b, w.bytes_per_step + c["block_K"] * b, w.steps)
