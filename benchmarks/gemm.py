@@ -395,7 +395,6 @@ def phase_ours(out: Path, spec: dict[str, Any], warm: bool) -> None:
 
 def phase_exhaustive(out: Path, spec: dict[str, Any]) -> None:
     """tilecarve's AutoTuner over TileLang's 288 grid, every config tried (no legality filter)."""
-
     from templates import matmul as mm
     _cuda_up()
     log = PhaseLog(out, "exhaustive", spec)
