@@ -159,13 +159,17 @@ def lower(problem: MatmulProblem, arch: GPUArch, cfg: ConfigArrays) -> Lowering:
     ws = tma.copy()
     launched = threads + _PRODUCER_THREADS * ws
 
-    # Registers. Consumer budget after setmaxnreg: 240 with 1-2 consumer warpgroups, 160 with 3 (where
-    # ptxas still compiles the consumer under the 128-register launch cap: a 128-register accumulator
-    # fails with "Insufficient registers", 96 compiles). Without a producer the cap is the launch cap.
+    # Registers. Consumer budget after setmaxnreg: 240 with 1-2 consumer warpgroups (192 accumulator
+    # registers compile without spills, 224 spill), 160 with 3 (where ptxas still compiles the consumer
+    # under the 128-register launch cap: a 128-register accumulator fails with "Insufficient
+    # registers", 96 compiles). Without a producer the limit comes from the launch cap.
     cap = np.minimum(arch.max_regs_per_thread, (arch.regs_per_sm // np.maximum(launched, 1)) // 8 * 8)
     acc_regs = bm * bn * acc_b / 4.0 / np.maximum(threads, 1)
+    # cp.async pipelines (stages >= 1 without TMA) keep ~120 more registers live for addresses and
+    # predicates: a 144-register accumulator spilled at the 255 cap, 128 did not.
     acc_limit = np.where(ws & (threads <= 256), 192,
-                         np.where(ws & (threads <= 384), 96, (cap * 3) // 4))
+                         np.where(ws & (threads <= 384), 96,
+                                  np.where(~ws & (stages >= 1), cap - 120, (cap * 3) // 4)))
     regs_nonws = np.minimum(cap, _ceil_div(np.ceil(1.25 * acc_regs + 48).astype(np.int64), 8) * 8)
     regs = np.where(ws, cap, regs_nonws)
 

@@ -32,6 +32,7 @@ from .validity import RULES, check_matmul_config, legal_mask, normalize_config
 
 __all__ = [
     "DroppedConfig",
+    "EXTRAPOLATION_MARGIN",
     "MatmulTemplate",
     "Prediction",
     "RankedConfig",
@@ -112,6 +113,8 @@ class Ranking:
 
 # The region the Hopper constants were calibrated on (TileLang's grid); hints outside it are capped.
 _CALIBRATED = dict(block=(64, 128, 256), k_bytes=(64, 128), stages=(0, 1, 2, 3), threads=(128, 256))
+#: How much faster (fraction) an extrapolated config must be predicted to rank above a calibrated one.
+EXTRAPOLATION_MARGIN = 0.05
 
 
 class MatmulTemplate:
@@ -228,9 +231,11 @@ class MatmulTemplate:
     def recommend_hints(self, topk: int = 8) -> list[Hint]:
         """The ``topk`` best legal configs by predicted latency, best first (deterministic).
 
-        Near-duplicates are skipped (rasterization on/off when the model cannot tell them apart), and at
-        most ``ceil(topk / 2)`` hints come from outside the calibrated region, so that the hints always
-        include the model's best picks among configs like those it was calibrated on.
+        Configs outside the region the constants were calibrated on (TileLang's 288-config grid) must be
+        predicted :data:`EXTRAPOLATION_MARGIN` faster to rank above a calibrated one, every prefix of the
+        list holds at most half (rounded up) of them, and an extrapolated hint must bring a new tile
+        shape (or be >1% better than the same tile already chosen). Rasterization on/off twins that the
+        model cannot tell apart count once. ``recommend_hints(k)`` is a prefix of ``recommend_hints(k+1)``.
         """
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be a positive int, got {topk!r}")
@@ -248,35 +253,55 @@ class MatmulTemplate:
         cfgs = ConfigArrays(*(getattr(space, f)[keep] for f in ConfigArrays.__dataclass_fields__))
         lw, t = self._terms(cfgs)
         lat = np.round(t.latency_us, 6)
-        order = np.lexsort((cfgs.enable_rasterization * -1, cfgs.thread_num, cfgs.num_stages, cfgs.block_K,
-                            cfgs.block_N, cfgs.block_M, lat))
         outside = ~self._calibrated(cfgs)
-        cap_outside = -(-topk // 2)
-        chosen: list[int] = []
-        seen: dict[tuple, float] = {}   # full config (less rasterization) -> predicted latency
-        tiles: dict[tuple, float] = {}  # (block_M, block_N, block_K) -> best predicted latency chosen
-        n_outside = 0
-        for i in order:
-            tile = (int(cfgs.block_M[i]), int(cfgs.block_N[i]), int(cfgs.block_K[i]))
-            key = tile + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))
-            if key in seen and abs(seen[key] - lat[i]) <= 1e-3 * lat[i]:
-                continue  # only rasterization differs and the model sees no difference
-            if outside[i]:
-                if n_outside >= cap_outside:
-                    continue
-                # An extrapolated pick must bring a new tile shape, or be clearly (>1%) better than the
-                # same tile already chosen: stages/threads variants within 1% are one bet, not several.
-                if tile in tiles and lat[i] >= 0.99 * tiles[tile]:
-                    continue
-            seen[key] = float(lat[i])
-            tiles[tile] = min(tiles.get(tile, np.inf), float(lat[i]))
-            n_outside += bool(outside[i])
-            chosen.append(int(i))
-            if len(chosen) == topk:
-                break
+        # Order by predicted latency, but an extrapolated config must be predicted EXTRAPOLATION_MARGIN
+        # faster to go ahead of a calibrated one: the model's error is larger where it was not fit.
+        key = np.round(lat * np.where(outside, 1.0 + EXTRAPOLATION_MARGIN, 1.0), 6)
+        order = np.lexsort((cfgs.enable_rasterization * -1, cfgs.thread_num, cfgs.num_stages, cfgs.block_K,
+                            cfgs.block_N, cfgs.block_M, key))
+        chosen = self._select(cfgs, lat, outside, [int(i) for i in order], topk)
         hints = [self._hint(lw, t, i) for i in chosen]
         self._hints = hints
         return list(hints)
+
+    @staticmethod
+    def _select(cfgs: ConfigArrays, lat: np.ndarray, outside: np.ndarray, order: list[int],
+                topk: int) -> list[int]:
+        """Merge the calibrated and the extrapolated candidates (each in ``order``) so that every prefix
+        of the hint list holds at most half (rounded up) extrapolated configs; the list is therefore the
+        same whatever ``topk`` is. Rasterization twins the model cannot tell apart count once, and an
+        extrapolated pick must bring a new tile shape or be >1% better than that tile's pick so far."""
+        inside = [i for i in order if not outside[i]]
+        beyond = [i for i in order if outside[i]]
+        rank = {i: r for r, i in enumerate(order)}
+        chosen: list[int] = []
+        seen: dict[tuple, float] = {}   # config less rasterization -> predicted latency
+        tiles: dict[tuple, float] = {}  # (block_M, block_N, block_K) -> best predicted latency chosen
+        n_out = 0
+
+        def tile_of(i: int) -> tuple[int, int, int]:
+            return int(cfgs.block_M[i]), int(cfgs.block_N[i]), int(cfgs.block_K[i])
+
+        def twin(i: int) -> bool:
+            k = tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))
+            return k in seen and abs(seen[k] - lat[i]) <= 1e-3 * lat[i]
+
+        while len(chosen) < topk and (inside or beyond):
+            while inside and twin(inside[0]):
+                inside.pop(0)
+            while beyond and (twin(beyond[0]) or (tile_of(beyond[0]) in tiles
+                                                  and lat[beyond[0]] >= 0.99 * tiles[tile_of(beyond[0])])):
+                beyond.pop(0)
+            room = n_out + 1 <= -(-(len(chosen) + 1) // 2)
+            take_out = beyond and room and (not inside or rank[beyond[0]] < rank[inside[0]])
+            if not take_out and not inside:
+                break  # only extrapolated configs are left and the prefix rule forbids them here
+            i = beyond.pop(0) if take_out else inside.pop(0)
+            n_out += bool(take_out)
+            seen[tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))] = float(lat[i])
+            tiles[tile_of(i)] = min(tiles.get(tile_of(i), np.inf), float(lat[i]))
+            chosen.append(i)
+        return chosen
 
     def _hint(self, lw: Lowering, t: Terms, i: int) -> Hint:
         c = lw.cfg
