@@ -68,9 +68,9 @@ class ModelConstants:
 
 # Hopper: calibrated on the four H200 grids (docs/carver.md, `python -m carver.calibrate`).
 _HOPPER = ModelConstants(
-    load_latency_us=0.3153, sm_bandwidth=87_492.0, l2_bandwidth_per_sm=104_761.0, dram_efficiency=1.0,
-    iter_overhead_us=0.1397, warpgroup_drain_us=0.037, inst_n_overhead=4.73, stage_efficiency=0.72,
-    softmax_p=8.0, epilogue_us=0.5, sync_copy_factor=1.23, sync_overhead_us=0.02, mma_sync_fraction=0.62,
+    load_latency_us=0.3537, sm_bandwidth=94_416.0, l2_bandwidth_per_sm=138_885.0, dram_efficiency=1.0,
+    iter_overhead_us=0.1197, warpgroup_drain_us=0.0303, inst_n_overhead=1.878, stage_efficiency=0.7816,
+    softmax_p=8.0, epilogue_us=0.5, sync_copy_factor=1.179, sync_overhead_us=0.02, mma_sync_fraction=0.62,
     launch_us=4.0,
 )
 # Ampere / Ada have no measured grids here: Hopper's constants with what the architecture changes
