@@ -254,6 +254,7 @@ def _local_device(index: int) -> GPUArch:
         max_threads_per_sm=int(getattr(props, "max_threads_per_multi_processor", 0)
                                or base.max_threads_per_sm),
         tensor_peak=tuple((d, f * scale) for d, f in base.tensor_peak),
+        clock_mhz=int(getattr(props, "clock_rate", 0) or 0) // 1000 or base.clock_mhz,  # kHz when present
     )
     arch = dataclasses.replace(base, **overlay)
     logger.info("CUDA('cuda'): %s, %d SMs, %d KB smem/block, %d MB L2", arch.name, arch.sm_count,
