@@ -13,6 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .tuner import STATUSES, AutoTuner, Trial, TunedKernel, TuneResult, TuningError
+from .trial import STATUSES, Trial
+from .tuner import AutoTuner, TunedKernel, TuneResult, TuningError
 
 __all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError", "__version__"]

@@ -21,45 +21,28 @@ import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bench import Bench, BenchSpec, IsolatedBench, TuningInputError
 from .cache import TuningDB, _function_fingerprint, tuning_key
-from .check import SupplyType, compare, make_args, parse_supply_type, run_reference
-from .compile import ERROR_CHARS, compile_all, tl_compile
+from .check import SupplyType, parse_supply_type
+from .compile import compile_all, tl_compile
 from .config import config_label, config_to_json, normalize_configs
 from .target import ResolvedTarget, resolve_target
-from .timing import METHOD, time_callable
+from .timing import METHOD
+from .trial import STATUSES, Trial
 
 __all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError"]
 
 logger = logging.getLogger(__name__)
 
-STATUSES = ("ok", "compile_error", "resource_error", "mismatch", "runtime_error", "timeout")
 _FINALISTS = 3
 
 
 class TuningError(RuntimeError):
     """No candidate survived; the message counts what failed and shows one error of each kind."""
-
-
-@dataclass(frozen=True)
-class Trial:
-    """What happened to one candidate."""
-
-    config: dict[str, Any]
-    status: str
-    error: str | None = None
-    compile_s: float | None = None
-    median_ms: float | None = None
-    min_ms: float | None = None
-    iqr_ms: float | None = None
-
-    @property
-    def latency(self) -> float | None:
-        """Median latency in ms (``None`` unless ``status == "ok"``)."""
-        return self.median_ms
 
 
 class TunedKernel:
@@ -183,6 +166,8 @@ class AutoTuner:
         # run options
         self.n_jobs: int | None = None
         self.backend: str | None = None
+        self.isolate = True
+        self.run_timeout = 120.0
         self.cache = True
         self.db_path: str | None = None
         self.progress = True
@@ -268,16 +253,22 @@ class AutoTuner:
         return self
 
     def set_tuning(self, n_jobs: int | None = None, cache: bool = True, db_path: str | None = None,
-                   progress: bool = True, backend: str | None = None) -> AutoTuner:
+                   progress: bool = True, backend: str | None = None, isolate: bool = True,
+                   run_timeout: float = 120.0) -> AutoTuner:
         """Parallelism (``n_jobs`` compile workers, default all cores, on joblib ``backend``: default
         forked ``"multiprocessing"`` workers; ``"loky"``, or ``"dask"``/``"ray"`` with their joblib
         integration registered, to go past one machine), whether to use the tuning database
         (``cache``), where it lives (``db_path``; default :func:`autotuner.cache.cache_dir`) and
-        whether to show the progress bar."""
+        whether to show the progress bar. ``isolate`` (default) checks and times candidates in a
+        separate process, so a kernel that crashes or leaves a sticky CUDA error costs one trial;
+        ``run_timeout`` is how long one candidate may take to be checked and timed there."""
         if n_jobs is not None and (not isinstance(n_jobs, int) or n_jobs == 0 or n_jobs < -1):
             raise ValueError(f"n_jobs must be a positive int or -1 (all cores), got {n_jobs!r}")
         self.n_jobs, self.cache, self.db_path, self.progress = n_jobs, bool(cache), db_path, bool(progress)
         self.backend = backend
+        if not isinstance(run_timeout, (int, float)) or run_timeout <= 0:
+            raise ValueError(f"run_timeout must be a positive number of seconds, got {run_timeout!r}")
+        self.isolate, self.run_timeout = bool(isolate), float(run_timeout)
         return self
 
     # -----------------------------------------------------------------------------------------
@@ -385,8 +376,10 @@ class AutoTuner:
             else:
                 to_compile.append(i)
 
-        bench = _Bench(self, target, warmup, rep)
-        kernels: dict[int, Any] = {}
+        spec = BenchSpec(self.fn, target.spec, "cuda" if target.kind == "cuda" else "cpu", self.pass_configs,
+                         self.out_idx, self.supply_type, self.ref_prog, self.skip_check, self.atol, self.rtol,
+                         self.max_mismatched_ratio, warmup, rep)
+        bench: Bench | IsolatedBench = IsolatedBench(spec, self.run_timeout) if self.isolate else Bench(spec)
         try:
             for out in compile_all(self.fn, self.configs, to_compile, target.spec, timeout=self.compile_timeout,
                                    n_jobs=self.n_jobs, pass_configs=self.pass_configs, backend=self.backend):
@@ -394,34 +387,39 @@ class AutoTuner:
                 if out.status != "ok":
                     record(out.index, Trial(cfg, out.status, out.error, out.seconds))
                     continue
-                trial, jit = bench.measure(cfg, out.seconds)
-                if jit is not None:
-                    kernels[out.index] = jit
-                record(out.index, trial)
+                try:
+                    record(out.index, bench.measure(out.index, cfg, out.seconds))
+                except TuningInputError as e:
+                    raise TuningError(str(e)) from e
             bar.close()
             # finalists: re-time back to back now that compilation no longer competes for the CPU
             ok = sorted((i for i, t in enumerate(trials) if t is not None and t.status == "ok"),
                         key=lambda i: trials[i].median_ms)
             for i in ok[:_FINALISTS] if len(ok) > 1 else []:
+                timing = bench.retime(i, trials[i].config)
+                if timing is None:
+                    continue
                 t = trials[i]
-                timing = time_callable(bench.caller(kernels[i]), warmup, rep, bench.device)
-                record_i = Trial(t.config, "ok", None, t.compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
-                trials[i] = record_i
+                trials[i] = Trial(t.config, "ok", None, t.compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
                 if db is not None:
                     db.record_trial(key, i, config_to_json(t.config), "ok", None, t.compile_s, timing.median_ms,
                                     timing.min_ms, timing.iqr_ms)
+            ref_latency = bench.fetch_ref_latency()
+            done = [t for t in trials if t is not None]
+            ok_trials = [(i, t) for i, t in enumerate(trials) if t is not None and t.status == "ok"]
+            if not ok_trials:
+                if db is not None:
+                    db.finish_run(key, None, None, ref_latency)
+                raise TuningError(_failure_message(done, target))
+            best_i, best = min(ok_trials, key=lambda it: it[1].median_ms)
+            # the measuring process holds its own copy; here the winner is a TileLang disk-cache hit
+            jit = bench.kernel(best_i) if isinstance(bench, Bench) else self._load(best.config, target)
         finally:
             bar.close()
-        done = [t for t in trials if t is not None]
-        ok = [(i, t) for i, t in enumerate(trials) if t is not None and t.status == "ok"]
-        if not ok:
-            if db is not None:
-                db.finish_run(key, None, None, bench.ref_latency)
-            raise TuningError(_failure_message(done, target))
-        best_i, best = min(ok, key=lambda it: it[1].median_ms)
+            bench.close()
         if db is not None:
-            db.finish_run(key, config_to_json(best.config), best.median_ms, bench.ref_latency)
-        return TuneResult(self._wrap(kernels[best_i], target), best.config, best.median_ms, bench.ref_latency,
+            db.finish_run(key, config_to_json(best.config), best.median_ms, ref_latency)
+        return TuneResult(self._wrap(jit, target), best.config, best.median_ms, ref_latency,
                           done, False, key, time.perf_counter() - t_start, str(target.spec))
 
     def _reasons(self, cfg: dict[str, Any]) -> list[str]:
@@ -431,88 +429,6 @@ class AutoTuner:
         if not r:
             return []
         return [r] if isinstance(r, str) else [str(x) for x in r]
-
-
-class _Bench:
-    """The parent's half: load a compiled candidate, check it, time it."""
-
-    def __init__(self, tuner: AutoTuner, target: ResolvedTarget, warmup: int, rep: int) -> None:
-        self.tuner, self.target, self.warmup, self.rep = tuner, target, warmup, rep
-        self.device = "cuda" if target.kind == "cuda" else "cpu"
-        self._inputs: dict[tuple, tuple[list[Any], list[Any] | None]] = {}
-        self.ref_latency: float | None = None
-
-    def _out_idx(self, n: int) -> list[int]:
-        return [i % n for i in (self.tuner.out_idx or [])]
-
-    def _args_and_refs(self, jit: Any) -> tuple[list[Any], list[Any] | None]:
-        """Inputs (and reference outputs) per distinct parameter signature, made once per run."""
-        sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
-        if sig not in self._inputs:
-            out_idx = self._out_idx(len(jit.params))
-            args = make_args(jit.params, out_idx, self.tuner.supply_type, self.device)
-            refs = None
-            inputs = [a for i, a in enumerate(args) if i not in out_idx]
-            if self.tuner.ref_prog is not None:
-                refs = run_reference(self.tuner.ref_prog, inputs)
-                if self.ref_latency is None:
-                    ref = self.tuner.ref_prog
-                    self.ref_latency = time_callable(lambda: ref(*inputs), self.warmup, self.rep,
-                                                     self.device).median_ms
-            self._inputs[sig] = (args, refs)
-        return self._inputs[sig]
-
-    def caller(self, jit: Any) -> Callable[[], Any]:
-        args, _ = self._args_and_refs(jit)
-        return lambda: jit(*args)
-
-    def measure(self, cfg: dict[str, Any], compile_s: float) -> tuple[Trial, Any]:
-        t = self.tuner
-        try:
-            jit = t._load(cfg, self.target)
-        except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
-            return Trial(cfg, "compile_error", f"load after compile failed: {type(e).__name__}: {e}"[-ERROR_CHARS:],
-                         compile_s), None
-        try:
-            args, refs = self._args_and_refs(jit)
-        except (ValueError, TypeError) as e:
-            raise TuningError(f"cannot generate inputs for {config_label(cfg)}: {e}") from e
-        out_idx = self._out_idx(len(args))
-        try:
-            for i in out_idx:  # poison again: the last run of another config wrote these
-                args[i].copy_(make_args([jit.params[i]], [0], t.supply_type, self.device)[0])
-            jit(*args)
-            self._sync()
-        except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
-            return Trial(cfg, "runtime_error", f"{type(e).__name__}: {e}"[-ERROR_CHARS:], compile_s), None
-        outs = [args[i] for i in out_idx]
-        check = self._check(outs, refs)
-        if check is not None:
-            return Trial(cfg, "mismatch", check, compile_s), None
-        try:
-            timing = time_callable(lambda: jit(*args), self.warmup, self.rep, self.device)
-        except Exception as e:  # noqa: BLE001
-            return Trial(cfg, "runtime_error", f"{type(e).__name__}: {e}"[-ERROR_CHARS:], compile_s), None
-        return Trial(cfg, "ok", None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms), jit
-
-    def _sync(self) -> None:
-        if self.device == "cuda":
-            import torch
-
-            torch.cuda.synchronize()
-
-    def _check(self, outs: Sequence[Any], refs: list[Any] | None) -> str | None:
-        """``None`` when the outputs pass, else why not."""
-        import torch
-
-        t = self.tuner
-        if refs is None or t.skip_check:
-            for j, o in enumerate(outs):  # still catch unwritten outputs
-                if o.is_floating_point() and bool(torch.isnan(o).any()):
-                    return f"output {j} still holds NaN poison: some elements were never written"
-            return None
-        res = compare(outs, refs, t.atol, t.rtol, t.max_mismatched_ratio)
-        return None if res.ok else res.detail
 
 
 def _failure_message(trials: list[Trial], target: ResolvedTarget) -> str:

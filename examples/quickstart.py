@@ -39,8 +39,7 @@ def main() -> None:
     import torch
 
     if torch.cuda.is_available():
-        sys.argv = [str(HERE / "gemm" / "example_gemm_autotune.py"), "--m", str(args.shape[0]),
-                    "--n", str(args.shape[1]), "--k", str(args.shape[2]), "--with_roller"]
+        sys.argv = [str(HERE / "gemm" / "example_gemm_autotune.py"), *map(str, args.shape), "--with_roller"]
         runpy.run_path(sys.argv[0], run_name="__main__")
         return
     print("no CUDA GPU here: tuning a CPU-target kernel end to end, then offline carver hints")

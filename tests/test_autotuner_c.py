@@ -226,3 +226,15 @@ def test_two_processes_tuning_at_once_share_the_database(tmp_path):
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert db.execute("SELECT COUNT(*) FROM runs WHERE finished IS NOT NULL").fetchone()[0] == 2
     assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 6
+
+
+def test_a_crashing_or_endless_kernel_costs_one_trial_not_the_run():
+    """Measuring runs in its own process: a kernel that kills it is a runtime_error, an endless one a timeout,
+    and the configs after them are still measured (in a restarted process)."""
+    configs = [dict(mode="abort"), dict(mode="ok"), dict(mode="spin"), dict(mode="ok", block_M=64)]
+    result = (AutoTuner.from_kernel(c_kernels.add_crashing, configs)
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+              .set_tuning(n_jobs=2, run_timeout=20).run(1, 3))
+    status = [t.status for t in result.trials]
+    assert status == ["runtime_error", "ok", "timeout", "ok"], result.trials
+    assert "died" in result.trials[0].error and "run_timeout=20" in result.trials[2].error

@@ -56,3 +56,19 @@ def add_failing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, hang:
 
 def ref_add(A, B):
     return A + B
+
+
+def add_crashing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, mode: str = "ok", dtype: str = "float32"):
+    """mode="abort" kills its process (raise(SIGSEGV)), mode="spin" never finishes."""
+    spins = 1 << 40 if mode == "spin" else 1
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+            if mode == "abort":
+                T.call_extern("int32", "raise", 11)
+            for s in T.serial(spins):
+                for i, j in T.Parallel(block_M, block_N):
+                    C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j] + s * 0
+
+    return main
