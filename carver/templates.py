@@ -21,6 +21,7 @@ from typing import Any
 
 from .arch import CUDA, GPUArch
 from .hint import NoRasterization
+from .matmul import DroppedConfig, RankedConfig, Ranking
 from .model import ModelConstants, constants_for
 from .problem import canonical_dtype, dtype_bytes
 
@@ -178,17 +179,19 @@ class _MemoryBoundTemplate:
                                 latency_chain_ms=chain / 1e3, waves=waves, ctas=w.ctas,
                                 bound="memory" if memory >= chain else "latency", errors=errors)
 
-    def rank(self, configs: Iterable[Mapping[str, Any]]) -> tuple[list[dict], list[tuple[Any, list[str]]]]:
-        """(legal configs best first, [(illegal config, reasons)])."""
+    def rank(self, configs: Iterable[Mapping[str, Any]]) -> Ranking:
+        """Legal configs best first with their predictions; illegal ones dropped with the reasons
+        (the same :class:`~carver.matmul.Ranking` as ``MatmulTemplate.rank``)."""
         good, dropped = [], []
         for c in configs:
             why = self.validate(c)
             if why:
-                dropped.append((c, why))
+                dropped.append(DroppedConfig(c, tuple(why)))
             else:
-                good.append(self._normalize(c)[0])
-        good.sort(key=lambda c: (self._predict(c).latency_ms, tuple(c.values())))
-        return good, dropped
+                cfg = self._normalize(c)[0]
+                good.append((cfg, self._predict(cfg)))
+        good.sort(key=lambda g: (g[1].latency_ms, tuple(g[0].values())))
+        return Ranking(tuple(RankedConfig(c, p) for c, p in good), tuple(dropped))
 
     def recommend_hints(self, topk: int = 8) -> list[KernelHint]:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:

@@ -344,8 +344,8 @@ def test_memory_bound_templates(tmpl, arch_name):
     for h in hints:
         assert t.validate(h.to_config()) == []
         assert h.prediction.latency_ms > 0 and h.threads == h.to_config()["thread_num"]
-    good, dropped = t.rank([h.to_config() for h in hints] + [{"thread_num": 100}])
-    assert len(good) == 4 and len(dropped) == 1 and dropped[0][1]
+    r = t.rank([h.to_config() for h in hints] + [{"thread_num": 100}])
+    assert r.configs == [h.to_config() for h in hints] and len(r.dropped) == 1 and r.dropped[0].reasons
     assert t.predict(hints[0].to_config()).latency_ms == pytest.approx(hints[0].prediction.latency_ms)
 
 
