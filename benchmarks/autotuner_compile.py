@@ -39,6 +39,17 @@ def pick_configs(M: int, N: int, K: int, n: int) -> list[dict]:
     return grid[::step][:n]
 
 
+_SHAPE: list[int] = []
+
+
+def _tl_kernel(**cfg):
+    """For TileLang's AutoTuner, which needs a plain function whose closure cells it can serialise
+    (a functools.partial has no __closure__; a closure over the kernel function is not serialisable)."""
+    from templates.matmul import kernel as gemm
+
+    return gemm(*_SHAPE, **cfg)
+
+
 def run_one(which: str, M: int, N: int, K: int, n: int) -> dict:
     import torch
 
@@ -95,11 +106,9 @@ def run_one(which: str, M: int, N: int, K: int, n: int) -> dict:
     elif which == "tilelang-tune":
         from tilelang.autotuner import AutoTuner as TLAutoTuner
 
-        def tl_fn(**cfg):  # TileLang's AutoTuner reads fn.__closure__, which a functools.partial lacks
-            return gemm(M, N, K, **cfg)
-
+        _SHAPE[:] = [M, N, K]
         t0 = time.perf_counter()
-        r = (TLAutoTuner.from_kernel(kernel=tl_fn, configs=configs).set_compile_args(out_idx=[-1], target="auto")
+        r = (TLAutoTuner.from_kernel(kernel=_tl_kernel, configs=configs).set_compile_args(out_idx=[-1], target="auto")
              .set_profile_args(ref_prog=ref_program).run(warmup=3, rep=20))
         out["tune_wall_s"] = time.perf_counter() - t0
         out["best"] = r.config
