@@ -42,12 +42,13 @@ def pick_configs(M: int, N: int, K: int, n: int) -> list[dict]:
 _SHAPE: list[int] = []
 
 
-def _tl_kernel(**cfg):
-    """For TileLang's AutoTuner, which needs a plain function whose closure cells it can serialise
-    (a functools.partial has no __closure__; a closure over the kernel function is not serialisable)."""
+def _tl_kernel(block_M, block_N, block_K, num_stages, thread_num, enable_rasterization):
+    """For TileLang's AutoTuner, which maps config keys onto named parameters and serialises closure
+    cells (a functools.partial has no __closure__; a closure over the kernel function fails)."""
     from templates.matmul import kernel as gemm
 
-    return gemm(*_SHAPE, **cfg)
+    return gemm(*_SHAPE, block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+                thread_num=thread_num, enable_rasterization=enable_rasterization)
 
 
 def run_one(which: str, M: int, N: int, K: int, n: int) -> dict:
