@@ -26,6 +26,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -168,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topk", type=int, default=8)
     ap.add_argument("--out", default=None, help="directory for hint_quality.json/.png (default: a temp dir)")
     a = ap.parse_args(argv)
-    files = sorted(glob.glob(os.path.join(a.data, "*.json"))) if os.path.isdir(a.data) else [a.data]
+    # one file per shape, named MxNxK.json; measure_hints.py's summary.json beside them is not a grid
+    files = sorted(f for f in glob.glob(os.path.join(a.data, "*.json"))
+                   if re.fullmatch(r"\d+x\d+x\d+\.json", os.path.basename(f))) if os.path.isdir(a.data) else [a.data]
     if not files:
         print(f"no *.json grids under {a.data}; pass --data", file=sys.stderr)
         return 2
