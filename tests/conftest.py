@@ -1,4 +1,4 @@
-"""Test tiers (see docs/testing.md): pure logic, the autotuner end to end on TileLang's C target,
+"""Test tiers (README.md, Tests): pure logic, the autotuner end to end on TileLang's C target,
 CUDA compile-only with nvcc for sm_90a (marker ``nvcc``), and real GPU runs (marker ``gpu``)."""
 
 from __future__ import annotations
