@@ -9,6 +9,8 @@ __all__ = [
     "MatmulProblem",
     "canonical_dtype",
     "dtype_bytes",
+    "flag",
+    "positive_int",
 ]
 
 #: Bytes per element of every dtype the carver knows.
@@ -37,13 +39,15 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
-def _positive_int(value: object, what: str) -> int:
+def positive_int(value: object, what: str) -> int:
+    """``value`` if it is a positive int (not a bool), else a ValueError that names ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{what} must be a positive int, got {value!r}")
     return value
 
 
-def _flag(value: object, what: str) -> bool:
+def flag(value: object, what: str) -> bool:
+    """``value`` as a bool if it is one (numpy bools too), else a TypeError that names ``what``."""
     # A string "False" is truthy and would silently flip a layout.
     if not isinstance(value, bool) and type(value).__name__ != "bool_":
         raise TypeError(f"{what} must be a bool, got {value!r} of type {type(value).__name__}")
@@ -66,12 +70,12 @@ class MatmulProblem:
 
     def __post_init__(self) -> None:
         for name in ("M", "N", "K"):
-            _positive_int(getattr(self, name), name)
+            positive_int(getattr(self, name), name)
         object.__setattr__(self, "in_dtype", canonical_dtype(self.in_dtype, "in_dtype"))
         object.__setattr__(self, "out_dtype", canonical_dtype(self.out_dtype, "out_dtype"))
         object.__setattr__(self, "accum_dtype", canonical_dtype(self.accum_dtype, "accum_dtype"))
-        object.__setattr__(self, "trans_A", _flag(self.trans_A, "trans_A"))
-        object.__setattr__(self, "trans_B", _flag(self.trans_B, "trans_B"))
+        object.__setattr__(self, "trans_A", flag(self.trans_A, "trans_A"))
+        object.__setattr__(self, "trans_B", flag(self.trans_B, "trans_B"))
         if self.accum_dtype not in ("float32", "float16", "int32"):
             raise ValueError(f"accum_dtype must be float32 (or float16 / int32), got {self.accum_dtype!r}")
 

@@ -37,6 +37,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from carver.problem import flag, positive_int
+
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     import torch
     from tvm.tirx import PrimFunc
@@ -100,28 +102,15 @@ def _dtype(value: object, allowed: Sequence[str], what: str) -> str:
     return name
 
 
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
-
-
-def _flag(value: object, what: str) -> bool:
-    # numpy bools are fine, strings are not: "False" is truthy and would silently flip a layout.
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
-        raise TypeError(f"{what} must be a bool, got {value!r} of type {type(value).__name__}")
-    return bool(value)
-
-
 def _check_problem(
     M: object, N: object, K: object, in_dtype: object, out_dtype: object, accum_dtype: object,
     trans_A: object, trans_B: object,
 ) -> tuple[int, int, int, str, str, str, bool, bool]:
-    M, N, K = (_positive_int(v, name) for v, name in ((M, "M"), (N, "N"), (K, "K")))
+    M, N, K = (positive_int(v, name) for v, name in ((M, "M"), (N, "N"), (K, "K")))
     in_dtype = _dtype(in_dtype, IN_DTYPES, "in_dtype")
     out_dtype = _dtype(out_dtype, OUT_DTYPES, "out_dtype")
     accum_dtype = _dtype(accum_dtype, ACCUM_DTYPES, "accum_dtype")
-    trans_A, trans_B = _flag(trans_A, "trans_A"), _flag(trans_B, "trans_B")
+    trans_A, trans_B = flag(trans_A, "trans_A"), flag(trans_B, "trans_B")
     if in_dtype == "float8_e4m3" and (trans_A or not trans_B):
         # wgmma reads fp8 operands only K-major from shared memory.
         raise ValueError(
@@ -149,11 +138,11 @@ def _check_config(
 ) -> None:
     for value, name in ((block_M, "block_M"), (block_N, "block_N"), (block_K, "block_K"),
                         (thread_num, "thread_num"), (panel_size, "panel_size"), (split_k, "split_k")):
-        _positive_int(value, name)
+        positive_int(value, name)
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
         raise ValueError(f"num_stages must be an int >= 0 (0 and 1 mean no software pipeline), got "
                          f"{num_stages!r}")
-    _flag(enable_rasterization, "enable_rasterization")
+    flag(enable_rasterization, "enable_rasterization")
     if thread_num % 32:
         raise ValueError(f"thread_num must be a multiple of 32 (whole warps), got {thread_num!r}")
     if in_dtype == "float8_e4m3" and block_K % 32:
@@ -327,7 +316,7 @@ def default_space(M: int, N: int, K: int) -> list[dict[str, Any]]:
     baseline is the grid as TileLang users run it, so they stay in and fail as trials.
     """
     for value, name in ((M, "M"), (N, "N"), (K, "K")):
-        _positive_int(value, name)
+        positive_int(value, name)
     return [dict(zip(_GRID, values)) for values in itertools.product(*_GRID.values())]
 
 
@@ -515,7 +504,7 @@ def tuner(
     out_name = _default_out(in_dtype) if out_dtype is None else _dtype(out_dtype, OUT_DTYPES, "out_dtype")
     M, N, K, in_dtype, out_name, _, trans_A, trans_B = _check_problem(
         M, N, K, in_dtype, out_name, "float32", trans_A, trans_B)
-    _positive_int(topk, "topk")
+    positive_int(topk, "topk")
     tmpl = carver_template(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B,
                            arch=_carver_arch(arch, target))
     if configs is None:
