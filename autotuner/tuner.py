@@ -17,6 +17,7 @@ A failing config is a result, never an exception: each trial has a typed ``statu
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -163,6 +164,7 @@ class AutoTuner:
         self.max_mismatched_ratio = 0.0
         self.compile_timeout = 300.0
         self.pass_configs: dict[str, Any] | None = None
+        self._profile_defaults: tuple[int | None, int | None] = (None, None)  # set_profile_args' warmup, rep
         # run options
         self.n_jobs: int | None = None
         self.backend: str | None = None
@@ -288,7 +290,7 @@ class AutoTuner:
 
     def run(self, warmup: int | None = None, rep: int | None = None) -> TuneResult:
         """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms)."""
-        dw, dr = getattr(self, "_profile_defaults", (None, None))
+        dw, dr = self._profile_defaults
         warmup = warmup if warmup is not None else (dw if dw is not None else 3)
         rep = rep if rep is not None else (dr if dr is not None else 20)
         for name, v, lo in (("warmup", warmup, 0), ("rep", rep, 1)):
@@ -339,8 +341,6 @@ class AutoTuner:
         stored = db.finished_run(key)
         if stored is None or stored["best_config"] is None:
             return None
-        import json
-
         trials = [Trial(json.loads(c), s, e, cs, med, mn, iqr) for _, c, s, e, cs, med, mn, iqr in stored["trials"]]
         cfg = stored["best_config"]
         jit = self._load(cfg, target)  # a TileLang disk-cache hit when the kernel cache is intact
@@ -350,7 +350,7 @@ class AutoTuner:
 
     def _tune(self, db: TuningDB | None, key: str, target: ResolvedTarget, warmup: int, rep: int,
               t_start: float) -> TuneResult:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # a plain bar on stderr, also in notebooks
 
         n = len(self.configs)
         trials: list[Trial | None] = [None] * n
