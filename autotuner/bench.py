@@ -133,6 +133,9 @@ class Bench:
         args, _ = self._args_and_refs(jit)
         return time_callable(lambda: jit(*args), self.spec.warmup, self.spec.rep, self.spec.device)
 
+    def has_kernel(self, index: int) -> bool:
+        return index in self._kernels
+
     def kernel(self, index: int) -> Any:
         """The loaded kernel of a measured candidate."""
         return self._kernels[index]

@@ -5,7 +5,8 @@ Where: ``$TILECARVE_CACHE_DIR/tuning.sqlite``, else ``$XDG_CACHE_HOME/tilecarve/
 
 What: one ``runs`` row per tuning problem (its key, the best config and latency, whether the run
 finished) and one ``trials`` row per candidate (status, error, compile seconds, latency median /
-min / IQR). Trials are written as they finish, so an interrupted run keeps what it measured.
+min / IQR). Trials are written as they finish, so an interrupted run keeps what it measured, and running it
+again resumes it: only the configs without a trial are compiled and measured.
 
 The key hashes everything that changes the answer (see :func:`tuning_key`). It includes the
 values of globals and closure cells the kernel reads, so changing a module-level ``M = 4096`` to
@@ -212,19 +213,35 @@ class TuningDB:
         ).fetchone()
         if row is None:
             return None
-        trials = self._conn.execute(
-            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms FROM trials "
-            "WHERE key=? ORDER BY idx", (key,)).fetchall()
+        trials = self._trial_rows(key)
         return {"best_config": json.loads(row[0]) if row[0] else None, "best_latency_ms": row[1],
                 "ref_latency_ms": row[2], "meta": json.loads(row[3]), "trials": trials}
 
-    def start_run(self, key: str, kernel: str, target: str, n_configs: int, meta: dict[str, Any]) -> None:
-        """(Re)open a run: a previous unfinished attempt under the same key is replaced."""
+    def open_run(self, key: str, kernel: str, target: str, n_configs: int,
+                 meta: dict[str, Any]) -> list[tuple]:
+        """Open the run under ``key`` and return the trials already recorded for it.
+
+        An unfinished run (the process was interrupted) is resumed: its trials are returned, so the
+        caller measures only what is missing. A finished run that found nothing is started afresh.
+        """
         with self._tx():
-            self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
-            self._conn.execute(
-                "INSERT OR REPLACE INTO runs (key, kernel, target, created, finished, n_configs, meta) "
-                "VALUES (?, ?, ?, ?, NULL, ?, ?)", (key, kernel, target, time.time(), n_configs, json.dumps(meta)))
+            row = self._conn.execute("SELECT finished FROM runs WHERE key=?", (key,)).fetchone()
+            if row is None:
+                self._conn.execute(
+                    "INSERT INTO runs (key, kernel, target, created, finished, n_configs, meta) "
+                    "VALUES (?, ?, ?, ?, NULL, ?, ?)",
+                    (key, kernel, target, time.time(), n_configs, json.dumps(meta)))
+            else:
+                if row[0] is not None:
+                    self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
+                self._conn.execute("UPDATE runs SET finished=NULL, created=?, meta=? WHERE key=?",
+                                   (time.time(), json.dumps(meta), key))
+            return self._trial_rows(key)
+
+    def _trial_rows(self, key: str) -> list[tuple]:
+        return self._conn.execute(
+            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms FROM trials "
+            "WHERE key=? ORDER BY idx", (key,)).fetchall()
 
     def record_trial(self, key: str, idx: int, config_json: str, status: str, error: str | None,
                      compile_s: float | None, median_ms: float | None, min_ms: float | None,

@@ -355,8 +355,7 @@ class AutoTuner:
         n = len(self.configs)
         trials: list[Trial | None] = [None] * n
         meta = {"warmup": warmup, "rep": rep, "n_jobs": self.n_jobs}
-        if db is not None:
-            db.start_run(key, self._kernel_name(), str(target.spec), n, meta)
+        prior = db.open_run(key, self._kernel_name(), str(target.spec), n, meta) if db is not None else []
 
         def record(i: int, trial: Trial) -> None:
             trials[i] = trial
@@ -368,8 +367,15 @@ class AutoTuner:
                 logger.debug("config %s: %s %s", config_label(trial.config), trial.status, trial.error or "")
 
         bar = tqdm(total=n, desc="tuning", unit="cfg", file=sys.stderr, disable=not self.progress, leave=False)
+        for i, c, st, err, cs, med, mn, iqr in prior:  # an interrupted run of the same problem: resume it
+            trials[i] = Trial(json.loads(c), st, err, cs, med, mn, iqr)
+            bar.update(1)
+        if prior:
+            logger.info("resuming an interrupted tuning run: %d of %d trials already recorded", len(prior), n)
         to_compile = []
         for i, cfg in enumerate(self.configs):
+            if trials[i] is not None:
+                continue
             reasons = self._reasons(cfg)
             if reasons:
                 record(i, Trial(cfg, "resource_error", "; ".join(reasons)))
@@ -413,7 +419,8 @@ class AutoTuner:
                 raise TuningError(_failure_message(done, target))
             best_i, best = min(ok_trials, key=lambda it: it[1].median_ms)
             # the measuring process holds its own copy; here the winner is a TileLang disk-cache hit
-            jit = bench.kernel(best_i) if isinstance(bench, Bench) else self._load(best.config, target)
+            in_bench = isinstance(bench, Bench) and bench.has_kernel(best_i)  # not if measured before a resume
+            jit = bench.kernel(best_i) if in_bench else self._load(best.config, target)
         finally:
             bar.close()
             bench.close()

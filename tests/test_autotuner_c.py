@@ -238,3 +238,40 @@ def test_a_crashing_or_endless_kernel_costs_one_trial_not_the_run():
     status = [t.status for t in result.trials]
     assert status == ["runtime_error", "ok", "timeout", "ok"], result.trials
     assert "died" in result.trials[0].error and "run_timeout=20" in result.trials[2].error
+
+
+def test_an_interrupted_run_resumes_without_measuring_again(monkeypatch):
+    import autotuner.bench as bench_mod
+    import autotuner.tuner as tuner_mod
+
+    configs = [dict(block_M=bm, block_N=32) for bm in (16, 32, 64)]
+    real_measure = bench_mod.Bench.measure
+    calls = []
+
+    def interrupted(self, index, cfg, compile_s):
+        calls.append(index)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user's Ctrl-C, after one candidate was measured
+        return real_measure(self, index, cfg, compile_s)
+
+    def run():
+        return (AutoTuner.from_kernel(add, configs).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+                .set_tuning(n_jobs=1, isolate=False).run(1, 3))
+
+    monkeypatch.setattr(bench_mod.Bench, "measure", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(bench_mod.Bench, "measure", real_measure)
+    compiled = []
+    real_compile_all = tuner_mod.compile_all
+
+    def counting(fn, cfgs, indices, *a, **k):
+        compiled.extend(indices)
+        return real_compile_all(fn, cfgs, indices, *a, **k)
+
+    monkeypatch.setattr(tuner_mod, "compile_all", counting)
+    result = run()
+    assert not result.from_cache
+    assert sorted(compiled) == sorted(set(range(3)) - {calls[0]})  # the measured one is not redone
+    assert [t.status for t in result.trials] == ["ok"] * 3
+    torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
