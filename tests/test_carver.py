@@ -12,7 +12,6 @@ import dataclasses
 import itertools
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -167,16 +166,6 @@ def test_odd_shapes_get_padded_legal_tiles(M):
         c = h.to_config()
         assert c["block_M"] in (16, 32, 64, 128, 192, 256), c
         assert c["block_N"] % 16 == 0 and c["block_K"] % 16 == 0, c
-
-
-def test_recommend_hints_is_fast():
-    tmpl = MatmulTemplate(4096, 4096, 4096).with_arch("H100")
-    tmpl.recommend_hints()  # warm numpy
-    t = time.perf_counter()
-    for _ in range(5):
-        MatmulTemplate(2048, 14336, 4096).with_arch("H200").recommend_hints(topk=8)
-    per_call = (time.perf_counter() - t) / 5
-    assert per_call < 0.25, f"{per_call * 1e3:.0f} ms per call (target 50 ms; generous bound for busy CI)"
 
 
 def test_fp8_only_where_supported():
