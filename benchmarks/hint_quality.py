@@ -100,7 +100,9 @@ def score_file(path: str, arch: GPUArch, topk: int = 8) -> dict[str, Any]:
         spearman=spearman(pred, ranked_ms), n_legal=len(ranked_ms), n_dropped=len(dropped_ms),
         dropped_best_fraction=None if not dropped_ms else best_ms / min(dropped_ms),
         recommend_ms_first=first_call_ms, recommend_ms=call_ms,
-        tilelang_carver_top10=s.get("carver_top10_vs_best"),
+        # measure_gemm_grid.py files score TileLang's carver there; measure_hints.py files ("carver":
+        # "tilecarve") score ours, which is not what this column reports
+        tilelang_carver_top10=None if s.get("carver") == "tilecarve" else s.get("carver_top10_vs_best"),
         scatter=dict(predicted_ms=pred, measured_ms=ranked_ms),
     )
 
