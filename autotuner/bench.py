@@ -28,9 +28,9 @@ from .compile import (
     _cloudpickle,
     _restore_globals,
     _seed_linecache,
+    build,
     kernel_globals,
     kernel_sources,
-    tl_compile,
 )
 from .config import config_label
 from .timing import Timing, time_callable
@@ -99,7 +99,7 @@ class Bench:
     def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         s = self.spec
         try:
-            jit = tl_compile(s.kernel(**cfg), s.target_spec, s.pass_configs)
+            jit = build(s.kernel, cfg, s.target_spec, s.pass_configs)
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
             return Trial(cfg, "compile_error", f"load after compile failed: {type(e).__name__}: {e}"[-ERROR_CHARS:],
                          compile_s)
@@ -128,7 +128,7 @@ class Bench:
         After a restart of the measuring process the kernel is loaded again (a disk-cache hit).
         """
         if index not in self._kernels:
-            self._kernels[index] = tl_compile(self.spec.kernel(**cfg), self.spec.target_spec, self.spec.pass_configs)
+            self._kernels[index] = build(self.spec.kernel, cfg, self.spec.target_spec, self.spec.pass_configs)
         jit = self._kernels[index]
         args, _ = self._args_and_refs(jit)
         return time_callable(lambda: jit(*args), self.spec.warmup, self.spec.rep, self.spec.device)

@@ -30,7 +30,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CompileOutcome", "compile_all", "kernel_sources", "tl_compile"]
+from .config import merge_pass_configs, split_config
+
+__all__ = ["CompileOutcome", "build", "compile_all", "kernel_sources", "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,14 @@ def _cloudpickle() -> Any:
     except ImportError:
         from joblib.externals import cloudpickle
     return cloudpickle
+
+
+def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,
+          pass_configs: dict[str, Any] | None = None) -> Any:
+    """Elaborate ``kernel`` for ``config`` and compile it with :func:`tl_compile` (a disk-cache hit
+    after the first time). A config's own ``pass_configs`` go to the compiler, not to the kernel."""
+    kwargs, own = split_config(config)
+    return tl_compile(kernel(**kwargs), target_spec, merge_pass_configs(pass_configs, own))
 
 
 def _code_filenames(code: types.CodeType, out: set[str]) -> None:
@@ -170,8 +180,7 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
         resource_tracker.register = lambda *args, **kwargs: None
         kernel = _cloudpickle().loads(payload)
         _restore_globals(kernel, glb)
-        func = kernel(**config)
-        tl_compile(func, target_spec, pass_configs)
+        build(kernel, config, target_spec, pass_configs)
     except BaseException as e:  # noqa: BLE001 - any failure of the user's kernel or the compiler is a result
         status = "compile_error"
         err = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"[-ERROR_CHARS:]

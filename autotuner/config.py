@@ -12,12 +12,44 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["RESERVED_PARAMS", "config_label", "config_to_json", "normalize_configs"]
+__all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "config_label", "config_to_json", "normalize_configs",
+           "split_config"]
 
 #: Parameters a TileLang kernel conventionally exposes for tuning.
 RESERVED_PARAMS = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
 
+#: A config may carry TileLang pass configs of its own under this key, as in TileLang's AutoTuner:
+#: ``{"block_M": 128, ..., "pass_configs": {"tl.disable_warp_specialized": True}}``. They are merged
+#: over ``set_compile_args(pass_configs=...)`` for that config and never passed to the kernel.
+PASS_CONFIGS_KEY = "pass_configs"
+
 _JSON_SCALARS = (bool, int, float, str, type(None))
+
+
+def _normalize_pass_configs(value: Any, i: int) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"configs[{i}]['pass_configs'] must be a dict of TileLang pass configs, got {value!r}")
+    out = {}
+    for k, v in value.items():
+        name = getattr(k, "value", k)  # tilelang.PassConfigKey members
+        if not isinstance(name, str) or not isinstance(v, _JSON_SCALARS):
+            raise TypeError(f"configs[{i}]['pass_configs'] entry {k!r}: {v!r} must map a string key to a "
+                            "bool, int, float, str or None")
+        out[name] = v
+    return out
+
+
+def split_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(kernel keyword arguments, the config's own pass configs or None)``."""
+    kwargs = dict(config)
+    return kwargs, kwargs.pop(PASS_CONFIGS_KEY, None)
+
+
+def merge_pass_configs(base: dict[str, Any] | None, own: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A config's own pass configs over the run's."""
+    if not own:
+        return base
+    return {**(base or {}), **own}
 
 
 def _accepted_params(kernel: Callable[..., Any]) -> set[str] | None:
@@ -56,9 +88,13 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
         if not isinstance(cfg, Mapping):
             raise TypeError(f"configs[{i}] must be a dict of kernel keyword arguments, got {cfg!r}")
         cfg = dict(cfg)
+        if PASS_CONFIGS_KEY in cfg and not (accepted is not None and PASS_CONFIGS_KEY in accepted):
+            cfg[PASS_CONFIGS_KEY] = _normalize_pass_configs(cfg[PASS_CONFIGS_KEY], i)
         for k, v in cfg.items():
             if not isinstance(k, str):
                 raise TypeError(f"configs[{i}] has a non-string key {k!r}")
+            if k == PASS_CONFIGS_KEY and isinstance(v, dict):
+                continue
             if accepted is not None and k not in accepted:
                 raise ValueError(
                     f"configs[{i}] has unknown key {k!r}: {_kernel_name(kernel)} accepts "

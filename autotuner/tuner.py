@@ -29,8 +29,8 @@ from typing import Any
 from .bench import Bench, BenchSpec, IsolatedBench, TuningInputError
 from .cache import TuningDB, _function_fingerprint, tuning_key
 from .check import SupplyType, parse_supply_type
-from .compile import compile_all, tl_compile
-from .config import config_label, config_to_json, normalize_configs
+from .compile import build, compile_all
+from .config import config_label, config_to_json, normalize_configs, split_config
 from .target import ResolvedTarget, resolve_target
 from .timing import METHOD
 from .trial import STATUSES, Trial
@@ -276,7 +276,7 @@ class AutoTuner:
     # -----------------------------------------------------------------------------------------
 
     def _elaborate(self, config: dict[str, Any]) -> Any:
-        return self.fn(**config)
+        return self.fn(**split_config(config)[0])
 
     def _settings(self, warmup: int, rep: int) -> dict[str, Any]:
         return {
@@ -330,7 +330,7 @@ class AutoTuner:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _load(self, config: dict[str, Any], target: ResolvedTarget) -> Any:
-        return tl_compile(self._elaborate(config), target.spec, self.pass_configs)
+        return build(self.fn, config, target.spec, self.pass_configs)
 
     def _wrap(self, jit: Any, target: ResolvedTarget) -> TunedKernel:
         n = len(jit.params)

@@ -275,3 +275,18 @@ def test_an_interrupted_run_resumes_without_measuring_again(monkeypatch):
     assert sorted(compiled) == sorted(set(range(3)) - {calls[0]})  # the measured one is not redone
     assert [t.status for t in result.trials] == ["ok"] * 3
     torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
+
+
+def test_a_config_may_carry_its_own_pass_configs():
+    """As in TileLang's AutoTuner: ``pass_configs`` in a config reach the compiler for that config
+    only (here an unknown key makes just that config fail), and never reach the kernel."""
+    configs = [dict(block_M=32, block_N=32),
+               dict(block_M=64, block_N=32, pass_configs={"tl.disable_warp_specialized": True}),
+               dict(block_M=16, block_N=32, pass_configs={"tl.no_such_pass_option": True})]
+    result = tune(add, configs)
+    status = [t.status for t in result.trials]
+    assert status == ["ok", "ok", "compile_error"], result.trials
+    assert result.trials[1].config["pass_configs"] == {"tl.disable_warp_specialized": True}
+    assert "tl.no_such_pass_option" in result.trials[2].error
+    with pytest.raises(TypeError, match="pass_configs"):
+        AutoTuner.from_kernel(add, [dict(block_M=32, pass_configs=["tl.disable_vectorize"])])
