@@ -146,7 +146,7 @@ ARCHS: dict[str, GPUArch] = {a.name: a for a in (
             tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER),
     GPUArch("H100-PCIe", sm_count=114, l2_bytes=50 * _MB, dram_bandwidth=2.0e12,
             tensor_peak=_hopper_peaks(756.5e12), clock_mhz=1755, **_HOPPER),
-    GPUArch("H200", sm_count=132, l2_bytes=50 * _MB, dram_bandwidth=4.8e12,
+    GPUArch("H200", sm_count=132, l2_bytes=60 * _MB, dram_bandwidth=4.8e12,
             tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER),
     GPUArch("A100-40GB", compute_capability=(8, 0), sm_count=108, smem_per_block=163 * _KB,
             smem_per_sm=164 * _KB, l2_bytes=40 * _MB, dram_bandwidth=1.555e12,

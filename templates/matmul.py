@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from carver.problem import flag, positive_int
+from carver.validity import CONFIG_KEYS as MATMUL_CONFIG_KEYS
 
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     import torch
@@ -60,10 +61,8 @@ __all__ = [
     "validate",
 ]
 
-#: The reserved parameters of TileLang's GEMM grid; every config has them.
-TUNABLE_KEYS: tuple[str, ...] = (
-    "block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization",
-)
+#: The reserved parameters of TileLang's GEMM grid; every config has them (the carver's list).
+TUNABLE_KEYS: tuple[str, ...] = MATMUL_CONFIG_KEYS
 #: Everything a config may set: the six above plus the two this template adds.
 CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + ("panel_size", "split_k")
 #: Input dtypes. fp8 (e4m3) only on Hopper or newer, and only with K-major operands (the NT layout).
