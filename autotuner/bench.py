@@ -1,6 +1,6 @@
 """The measuring half of tuning: load a compiled candidate, check it, time it.
 
-Two ways to run it, with one interface (``measure``, ``retime``, ``ref_latency``, ``close``):
+Two ways to run it, with one interface (``measure``, ``retime``, ``fetch_ref_latency``, ``close``):
 
 * :class:`Bench` measures in this process.
 * :class:`IsolatedBench` (the default) runs a ``Bench`` in a spawned process that owns the GPU.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .check import SupplyType, compare, make_args, run_reference
+from .check import SupplyType, compare, make_args, poison_, run_reference
 from .compile import (
     ERROR_CHARS,
     _cloudpickle,
@@ -107,7 +107,7 @@ class Bench:
         out_idx = self._out_idx(len(args))
         try:
             for i in out_idx:  # poison again: the last run of another config wrote these
-                args[i].copy_(make_args([jit.params[i]], [0], s.supply_type, s.device)[0])
+                poison_(args[i])
             jit(*args)
             self._sync()
         except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error

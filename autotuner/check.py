@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type"]
+__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type", "poison_"]
 
 
 class SupplyType(enum.Enum):
@@ -89,14 +89,16 @@ def _fill(shape: list[int], dtype: Any, supply: SupplyType, device: str, gen: An
     return t.to(dtype=dtype, device=device)
 
 
-def _poison(shape: list[int], dtype: Any, device: str) -> Any:
+def poison_(t: Any) -> Any:
+    """Fill an output buffer in place with a value no correct kernel leaves there (NaN; for
+    integers their minimum), so an element the kernel never writes fails the check."""
     import torch
 
-    if dtype.is_floating_point:
-        return torch.full(shape, float("nan"), dtype=dtype, device=device)
-    if dtype == torch.bool:
-        return torch.zeros(shape, dtype=dtype, device=device)
-    return torch.full(shape, torch.iinfo(dtype).min, dtype=dtype, device=device)
+    if t.is_floating_point():
+        return t.fill_(float("nan"))
+    if t.dtype == torch.bool:
+        return t.zero_()
+    return t.fill_(torch.iinfo(t.dtype).min)
 
 
 def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, device: str,
@@ -109,7 +111,10 @@ def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, dev
     for i, p in enumerate(params):
         dtype = _torch_dtype(p.dtype)
         shape = _concrete_shape(p.shape, i)
-        args.append(_poison(shape, dtype, device) if i in out_idx else _fill(shape, dtype, supply, device, gen))
+        if i in out_idx:
+            args.append(poison_(torch.empty(shape, dtype=dtype, device=device)))
+        else:
+            args.append(_fill(shape, dtype, supply, device, gen))
     return args
 
 

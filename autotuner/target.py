@@ -25,6 +25,11 @@ class ResolvedTarget:
     device_name: str | None  # e.g. "NVIDIA H200"; None when compile-only or CPU
     runnable: bool  # can this process run kernels for it (a GPU of that arch is present)?
 
+    @property
+    def device(self) -> str:
+        """Where its kernels run, as torch names it: ``"cuda"`` or ``"cpu"``."""
+        return "cuda" if self.kind == "cuda" else "cpu"
+
     def tvm(self):
         """The ``tvm.target.Target`` (imported lazily: tvm is heavy)."""
         from tvm.target import Target

@@ -335,7 +335,7 @@ class AutoTuner:
     def _wrap(self, jit: Any, target: ResolvedTarget) -> TunedKernel:
         n = len(jit.params)
         out_idx = [i % n for i in (self.out_idx or [])]
-        return TunedKernel(jit, out_idx, "cuda" if target.kind == "cuda" else "cpu")
+        return TunedKernel(jit, out_idx, target.device)
 
     def _from_cache(self, db: TuningDB, key: str, target: ResolvedTarget, t_start: float) -> TuneResult | None:
         stored = db.finished_run(key)
@@ -382,7 +382,7 @@ class AutoTuner:
             else:
                 to_compile.append(i)
 
-        spec = BenchSpec(self.fn, target.spec, "cuda" if target.kind == "cuda" else "cpu", self.pass_configs,
+        spec = BenchSpec(self.fn, target.spec, target.device, self.pass_configs,
                          self.out_idx, self.supply_type, self.ref_prog, self.skip_check, self.atol, self.rtol,
                          self.max_mismatched_ratio, warmup, rep)
         bench: Bench | IsolatedBench = IsolatedBench(spec, self.run_timeout) if self.isolate else Bench(spec)
