@@ -606,6 +606,10 @@ def _cfg_label(cfg: dict[str, Any] | None) -> str:
     s += " r" if cfg.get("enable_rasterization") else ""
     if cfg.get("split_k", 1) > 1:
         s += f" splitK{cfg['split_k']}"
+    if cfg.get("warp_policy", "square") != "square":
+        s += f" {cfg['warp_policy']}"
+    if cfg.get("persistent"):
+        s += f" persistent{cfg['persistent']}"
     return s
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "kernel",
     "normalize_config",
     "split_k_candidates",
+    "hopper_variants",
     "ref_program",
     "tune",
     "tuner",
@@ -63,8 +64,18 @@ __all__ = [
 
 #: The reserved parameters of TileLang's GEMM grid; every config has them (the carver's list).
 TUNABLE_KEYS: tuple[str, ...] = MATMUL_CONFIG_KEYS
-#: Everything a config may set: the six above plus the two this template adds.
-CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + ("panel_size", "split_k")
+#: What this template adds to the six, with the value that leaves the grid's program unchanged.
+EXTRA_DEFAULTS: dict[str, Any] = {"panel_size": 10, "split_k": 1, "warp_policy": "square", "persistent": 0}
+#: Everything a config may set: the six above plus the four this template adds.
+CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(EXTRA_DEFAULTS)
+#: A config may carry TileLang pass configs of its own (the autotuner hands them to the compiler).
+PASS_CONFIGS_KEY = "pass_configs"
+#: TileLang's role-based warp specialisation: the C tile gets its own shared buffer and a store warp.
+AUTO_WS = "tl.enable_auto_warp_specialization"
+#: The keys the carver models (the rest change neither a config's tile nor its registers).
+_CARVER_KEYS: tuple[str, ...] = TUNABLE_KEYS + ("panel_size", "split_k")
+#: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
+WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: Input dtypes. fp8 (e4m3) only on Hopper or newer, and only with K-major operands (the NT layout).
 IN_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float8_e4m3")
 OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
@@ -134,10 +145,21 @@ def _k_per_split(K: int, block_K: int, split_k: int) -> int:
 def _check_config(
     K: int, in_dtype: str, block_M: object, block_N: object, block_K: object, num_stages: object,
     thread_num: object, enable_rasterization: object, panel_size: object, split_k: object,
+    warp_policy: object = "square", persistent: object = 0,
 ) -> None:
     for value, name in ((block_M, "block_M"), (block_N, "block_N"), (block_K, "block_K"),
                         (thread_num, "thread_num"), (panel_size, "panel_size"), (split_k, "split_k")):
         positive_int(value, name)
+    if warp_policy not in WARP_POLICIES:
+        raise ValueError(f"warp_policy must be one of {list(WARP_POLICIES)}, got {warp_policy!r}")
+    if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0:
+        raise ValueError(f"persistent must be an int >= 0 (0: one CTA per tile; n: n resident CTAs that loop "
+                         f"over the tiles, e.g. the GPU's SM count), got {persistent!r}")
+    if persistent and split_k != 1:
+        raise ValueError(f"persistent={persistent} and split_k={split_k} do not combine; set one of them")
+    if warp_policy == "full_row" and thread_num % 128 == 0 and block_M % (thread_num // 128 * 64):
+        raise ValueError(f"warp_policy='full_row' stacks the {thread_num // 128} warpgroups along M, so block_M "
+                         f"must be a multiple of {thread_num // 128 * 64}, got {block_M}; use 'square'")
     if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
         raise ValueError(f"num_stages must be an int >= 0 (0 and 1 mean no software pipeline), got "
                          f"{num_stages!r}")
@@ -158,13 +180,17 @@ def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """Check a config dict's keys once at the API edge; returns a plain dict in CONFIG_KEYS order."""
     if not isinstance(config, Mapping):
         raise TypeError(f"a config must be a dict, got {config!r}")
-    unknown = [k for k in config if k not in CONFIG_KEYS]
+    unknown = [k for k in config if k not in CONFIG_KEYS and k != PASS_CONFIGS_KEY]
     if unknown:
-        raise ValueError(f"unknown config key(s) {unknown}; a matmul config takes {list(CONFIG_KEYS)}")
+        raise ValueError(f"unknown config key(s) {unknown}; a matmul config takes {list(CONFIG_KEYS)} "
+                         f"and {PASS_CONFIGS_KEY!r}")
     missing = [k for k in TUNABLE_KEYS if k not in config]
     if missing:
         raise ValueError(f"config {dict(config)} lacks {missing}; every config sets {list(TUNABLE_KEYS)}")
-    return {k: config[k] for k in CONFIG_KEYS if k in config}
+    if PASS_CONFIGS_KEY in config and not isinstance(config[PASS_CONFIGS_KEY], Mapping):
+        raise TypeError(f"{PASS_CONFIGS_KEY} must be a dict of TileLang pass configs, got "
+                        f"{config[PASS_CONFIGS_KEY]!r}")
+    return {k: config[k] for k in (*CONFIG_KEYS, PASS_CONFIGS_KEY) if k in config}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -187,6 +213,8 @@ def kernel(
     trans_B: bool = True,
     panel_size: int = 10,
     split_k: int = 1,
+    warp_policy: str = "square",
+    persistent: int = 0,
 ) -> "PrimFunc":
     """Build the GEMM ``T.prim_func`` for one config (nothing is compiled here).
 
@@ -200,12 +228,53 @@ def kernel(
     M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B = _check_problem(
         M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
     _check_config(K, in_dtype, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
-                  panel_size, split_k)
+                  panel_size, split_k, warp_policy, persistent)
     enable_rasterization = bool(enable_rasterization)
+    policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
+              "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
     A_shape = (K, M) if trans_A else (M, K)
     B_shape = (N, K) if trans_B else (K, N)
     A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
     B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
+
+    if persistent:
+        # `persistent` resident CTAs walk the tiles (tile w * persistent + cta): on Hopper the producer
+        # warpgroup loads the next tile's first stages while the consumers store this tile's C, so the
+        # epilogue and the pipeline fill stop costing a full tile each. No shared buffer is reused
+        # across tiles, so C's staging tile sits beside the A/B stages (see `_smem_bytes`).
+        m_tiles, n_tiles = math.ceil(M / block_M), math.ceil(N / block_N)
+        waves = math.ceil(m_tiles * n_tiles / persistent)
+        swizzle = panel_size if enable_rasterization else 1
+
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(persistent, threads=thread_num) as (cta,):
+                A_shared = T.alloc_shared(A_tile, in_dtype)
+                B_shared = T.alloc_shared(B_tile, in_dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+                C_shared = T.alloc_shared((block_M, block_N), out_dtype)
+                sched = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=persistent, swizzle_size=swizzle,
+                                                  stateful=False)
+                for w in T.serial(waves):
+                    tm, tn = sched.coord(w * persistent + cta)
+                    if tm < m_tiles and tn < n_tiles:
+                        T.clear(C_local)
+                        for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                            if trans_A:
+                                T.copy(A[k * block_K, tm * block_M], A_shared)
+                            else:
+                                T.copy(A[tm * block_M, k * block_K], A_shared)
+                            if trans_B:
+                                T.copy(B[tn * block_N, k * block_K], B_shared)
+                            else:
+                                T.copy(B[k * block_K, tn * block_N], B_shared)
+                            T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B,
+                                   policy=policy)
+                        T.copy(C_local, C_shared)
+                        T.copy(C_shared, C[tm * block_M, tn * block_N])
+
+        return main
 
     if split_k == 1:
         # For trans_A=False, trans_B=True, in == out dtype and panel_size=10 this is, statement for
@@ -229,7 +298,7 @@ def kernel(
                         T.copy(B[bx * block_N, k * block_K], B_shared)
                     else:
                         T.copy(B[k * block_K, bx * block_N], B_shared)
-                    T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B)
+                    T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
                 T.copy(C_local, C_shared)
                 T.copy(C_shared, C[by * block_M, bx * block_N])
 
@@ -259,7 +328,7 @@ def kernel(
                     T.copy(B[bx * block_N, (bz * k_tiles + k) * block_K], B_shared)
                 else:
                     T.copy(B[(bz * k_tiles + k) * block_K, bx * block_N], B_shared)
-                T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B)
+                T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
             T.copy(C_local, W[bz, by * block_M, bx * block_N])
         with T.Kernel(T.ceildiv(N, red_N), T.ceildiv(M, red_M), threads=red_threads) as (rx, ry):
             C_sum = T.alloc_fragment((red_M, red_N), accum_dtype)
@@ -348,17 +417,38 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     """Why ``config`` cannot run (empty: legal): this template's own argument rules, then the carver's.
 
     The carver's ``validate`` is the one validity function (STYLE.md 4); this adds what only the
-    template knows (split-K splits must all get work, fp8 block_K) and returns problems instead of
-    raising, so the autotuner can drop a candidate before it reaches nvcc and say why.
+    template knows (split-K splits must all get work, fp8 block_K, the persistent kernel's shared
+    memory) and returns problems instead of raising, so the autotuner can drop a candidate before it
+    reaches nvcc and say why. The carver models the grid's program: ``warp_policy`` and ``persistent``
+    change neither its registers nor its tile, so the carver judges the config without them.
     """
     try:
         cfg = normalize_config(config)
-        _check_config(K, in_dtype, cfg["block_M"], cfg["block_N"], cfg["block_K"], cfg["num_stages"],
-                      cfg["thread_num"], cfg["enable_rasterization"], cfg.get("panel_size", 10),
-                      cfg.get("split_k", 1))
+        _check_config(K, in_dtype, *(cfg.get(k, EXTRA_DEFAULTS.get(k)) for k in CONFIG_KEYS))
     except (ValueError, TypeError) as e:
         return [str(e)]
-    return list(tmpl.validate(cfg))
+    problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in _CARVER_KEYS}))
+    separate_c = "persistent" if cfg.get("persistent") else (
+        "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
+    if separate_c:
+        need = _separate_c_smem_bytes(cfg, in_dtype, getattr(getattr(tmpl, "problem", None), "out_dtype", in_dtype))
+        limit = getattr(getattr(tmpl, "arch", None), "smem_per_block", None)
+        if limit is not None and need > limit:
+            problems.append(
+                f"{separate_c} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
+                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile does not reuse the A/B "
+                f"stages), over the {limit} per block; use fewer stages")
+    return problems
+
+
+def _bytes(dtype: str) -> int:
+    return 1 if dtype.startswith("float8") else 4 if dtype == "float32" else 2
+
+
+def _separate_c_smem_bytes(cfg: Mapping[str, Any], in_dtype: str, out_dtype: str) -> int:
+    """Shared memory when C's staging tile sits beside every A/B stage (persistent, role-based WS)."""
+    stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * _bytes(in_dtype)
+    return max(cfg["num_stages"], 1) * stage + cfg["block_M"] * cfg["block_N"] * _bytes(out_dtype) + 1024
 
 
 def _hint_configs(tmpl: Any, topk: int) -> list[dict[str, Any]]:
@@ -403,6 +493,46 @@ def split_k_candidates(
             candidate = {**cfg, "split_k": s}
             if candidate not in out and candidate not in configs:
                 out.append(candidate)
+    return out
+
+
+def hopper_variants(
+    configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, smem_per_block: int,
+    in_dtype: str = "float16", out_dtype: str = "float16", top: int = 3, persistent_max_k_iters: int = 16,
+) -> list[dict[str, Any]]:
+    """What the grid cannot express, tried on the top ``top`` configs: the other warp split and the
+    persistent kernel.
+
+    * ``warp_policy="full_row"`` when a block wider than tall has several consumer warpgroups: each takes
+      whole rows (one m64n256 wgmma instead of two m64n128), which reads less shared memory per FLOP.
+      For blocks at least as tall as wide TileLang's "square" split is already row-wise.
+    * ``persistent=num_sms`` when there is more than one wave of tiles and K is short (at most
+      ``persistent_max_k_iters`` K tiles): resident CTAs walk the tiles, and the producer loads the next
+      tile while the consumers store this one. Stages are cut until the C tile fits beside them, down
+      to 2. On an H200 (2026-11-21, ``benchmarks/gemm_variants.py``) it made 8192x8192x512 1.09x faster
+      and every shape with K >= 4096 0.93-0.97x slower, hence the K limit.
+
+    The carver does not model either (it ranks the grid's program); the autotuner measures them.
+    """
+    out: list[dict[str, Any]] = []
+    for cfg in configs[:top]:
+        if any(cfg.get(k, EXTRA_DEFAULTS[k]) != EXTRA_DEFAULTS[k] for k in ("split_k", "warp_policy", "persistent")):
+            continue
+        groups = cfg["thread_num"] // 128 if cfg["thread_num"] % 128 == 0 else 0
+        policies = ["square"]
+        if groups > 1 and cfg["block_N"] > cfg["block_M"] and cfg["block_M"] % (groups * 64) == 0:
+            policies.append("full_row")
+        tiles = math.ceil(M / cfg["block_M"]) * math.ceil(N / cfg["block_N"])
+        for policy in policies:
+            base = dict(cfg) if policy == "square" else {**cfg, "warp_policy": policy}
+            wanted = [] if policy == "square" else [base]
+            if tiles > num_sms and math.ceil(K / cfg["block_K"]) <= persistent_max_k_iters:
+                pers = {**base, "persistent": num_sms}
+                while pers["num_stages"] > 2 and _separate_c_smem_bytes(pers, in_dtype, out_dtype) > smem_per_block:
+                    pers["num_stages"] -= 1
+                if _separate_c_smem_bytes(pers, in_dtype, out_dtype) <= smem_per_block:
+                    wanted.append(pers)
+            out += [c for c in wanted if c not in out and c not in configs]
     return out
 
 
@@ -462,8 +592,9 @@ def compile(
                                arch=_carver_arch(arch, target))
         config = _hint_configs(tmpl, 1)[0]
     cfg = normalize_config(config)
+    pass_configs = cfg.pop(PASS_CONFIGS_KEY, None)
     func = kernel(M, N, K, **cfg, in_dtype=in_dtype, out_dtype=out_name, trans_A=trans_A, trans_B=trans_B)
-    return tilelang.compile(func, out_idx=[-1], target=_tvm_target(target))
+    return tilelang.compile(func, out_idx=[-1], target=_tvm_target(target), pass_configs=pass_configs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -481,6 +612,7 @@ def tuner(
     out_dtype: str | None = None,
     configs: Iterable[Mapping[str, Any]] | None = None,
     split_k: bool = True,
+    variants: bool = True,
     validate_configs: bool = True,
     target: Any = "auto",
     supply_type: Any = None,
@@ -493,9 +625,11 @@ def tuner(
 
     Candidates: ``configs`` when given (e.g. :func:`default_space` for the exhaustive baseline), else the
     carver's top ``topk`` hints plus, with ``split_k``, split-K variants of the top two when their tiles
-    fill less than one wave. Every candidate is checked against :func:`ref_program` with no mismatches
-    allowed, and illegal ones are dropped by :func:`validate` before they reach nvcc (unless
-    ``validate_configs`` is False: an exhaustive baseline should try everything, as TileLang does).
+    fill less than one wave, and, with ``variants`` on a Hopper GPU, :func:`hopper_variants` of the top
+    three (the row-wise warp split and, for short K, the persistent kernel). Every candidate is checked
+    against :func:`ref_program` with no mismatches allowed, and illegal ones are dropped by :func:`validate`
+    before they reach nvcc (unless ``validate_configs`` is False: an exhaustive baseline should try
+    everything, as TileLang does).
     """
     from autotuner import AutoTuner
 
@@ -508,8 +642,12 @@ def tuner(
                            arch=_carver_arch(arch, target))
     if configs is None:
         candidates = _hint_configs(tmpl, topk)
+        hints = list(candidates)
         if split_k:
-            candidates += split_k_candidates(candidates, M, N, K, _num_sms(tmpl))
+            candidates += split_k_candidates(hints, M, N, K, _num_sms(tmpl))
+        if variants and getattr(tmpl.arch, "has_wgmma", False):
+            candidates += hopper_variants(hints, M, N, K, _num_sms(tmpl), tmpl.arch.smem_per_block, in_dtype,
+                                          out_name)
     else:
         candidates = [normalize_config(c) for c in configs]
         if not candidates:
@@ -538,14 +676,17 @@ def tune(
     out_dtype: str | None = None,
     configs: Iterable[Mapping[str, Any]] | None = None,
     split_k: bool = True,
+    variants: bool = True,
 ) -> Callable[..., Any]:
     """Tune ``C = op(A) @ op(B)`` on the local GPU and return the fastest checked kernel: ``C = k(A, B)``.
 
-    The carver proposes ``topk`` configs (plus split-K variants for few-wave shapes), the autotuner
-    compiles them in parallel, checks each against torch, times them (``warmup``/``rep`` are counts) and
-    stores every trial; a later call for the same problem, in any process, returns the stored winner
-    without compiling or timing. Use :func:`tuner` for the result object behind the kernel.
+    The carver proposes ``topk`` configs (plus split-K variants for few-wave shapes and, on Hopper, the
+    variants of :func:`hopper_variants`), the autotuner compiles them in parallel, checks each against
+    torch, times them (``warmup``/``rep`` are counts) and stores every trial; a later call for the same
+    problem, in any process, returns the stored winner without compiling or timing. Use :func:`tuner` for
+    the result object behind the kernel.
     """
     return tuner(M, N, K, dtype=dtype, trans_A=trans_A, trans_B=trans_B, topk=topk, arch=arch,
-                 out_dtype=out_dtype, configs=configs, split_k=split_k).run(warmup=warmup, rep=rep).kernel
+                 out_dtype=out_dtype, configs=configs, split_k=split_k,
+                 variants=variants).run(warmup=warmup, rep=rep).kernel
 

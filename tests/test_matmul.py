@@ -69,6 +69,22 @@ def test_split_k_sums_a_workspace_in_a_second_kernel():
     assert "atomic" not in text
 
 
+def test_warp_policy_reaches_the_gemm():
+    square = mm.kernel(4096, 4096, 4096, **BEST).script()
+    full_row = mm.kernel(4096, 4096, 4096, **BEST, warp_policy="full_row").script()
+    assert square != full_row
+    assert square == mm.kernel(4096, 4096, 4096, **BEST, warp_policy="square").script()
+
+
+@pytest.mark.parametrize("trans_A,trans_B", [(False, True), (True, False)])
+def test_persistent_kernel_walks_the_tiles(trans_A, trans_B):
+    """``persistent=n``: a 1-D grid of n CTAs, each looping over ceil(tiles / n) waves with a bounds check."""
+    text = mm.kernel(4000, 4097, 1000, **BEST, persistent=132, trans_A=trans_A, trans_B=trans_B).script()
+    assert 'T.thread_binding(132, thread="blockIdx.x")' in text and "blockIdx.y" not in text
+    waves = -(-(32 * 17) // 132)  # ceil(4000/128) * ceil(4097/256) tiles over 132 CTAs
+    assert f"for w in range({waves})" in text and "if tm < 32 and tn < 17" in text
+
+
 def test_panel_size_reaches_the_swizzle():
     assert '"rasterization2DRow", 7' in mm.kernel(4096, 4096, 4096, **BEST, panel_size=7).script()
 
@@ -93,6 +109,11 @@ def test_panel_size_reaches_the_swizzle():
     (dict(block_M=0), ValueError, "block_M must be a positive int, got 0"),
     (dict(enable_rasterization="True"), TypeError, "enable_rasterization must be a bool"),
     (dict(panel_size=-2), ValueError, "panel_size"),
+    (dict(warp_policy="rows"), ValueError, r"warp_policy must be one of \['square', 'full_row', 'full_col'\]"),
+    (dict(persistent=-1), ValueError, "persistent must be an int >= 0"),
+    (dict(persistent=True), ValueError, "persistent must be an int >= 0"),
+    (dict(persistent=132, split_k=2), ValueError, "persistent=132 and split_k=2 do not combine"),
+    (dict(block_M=64, warp_policy="full_row"), ValueError, "block_M must be a multiple of 128, got 64"),
 ])
 def test_bad_arguments_are_rejected_up_front(kwargs, exc, match):
     args = {**BEST, **kwargs}
@@ -126,6 +147,10 @@ def test_dtype_aliases():
 
 def test_normalize_config():
     assert mm.normalize_config(dict(BEST, split_k=2)) == dict(BEST, split_k=2)
+    pc = {"pass_configs": {"tl.disable_warp_specialized": True}}
+    assert mm.normalize_config(dict(BEST, **pc)) == dict(BEST, **pc)  # handed to the compiler, not the kernel
+    with pytest.raises(TypeError, match="pass_configs must be a dict"):
+        mm.normalize_config(dict(BEST, pass_configs="fast"))
     with pytest.raises(ValueError, match=r"unknown config key\(s\) \['block_m'\]"):
         mm.normalize_config(dict(BEST, block_m=64))
     with pytest.raises(ValueError, match=r"lacks \['thread_num'\]"):
@@ -181,6 +206,39 @@ def test_split_k_candidates_only_for_few_waves():
     # short K caps the split: K=128 with block_K=64 has 2 K tiles
     assert [c["split_k"] for c in mm.split_k_candidates([SMALL_M], 64, 4096, 128, 132)] == [2]
     assert mm.split_k_candidates([SMALL_M], 64, 4096, 64, 132) == []
+
+
+def test_hopper_variants():
+    """full_row only for blocks wider than tall; persistent only past one wave and for short K, with
+    stages cut until C's tile fits beside them."""
+    tall = dict(BEST, block_M=256, block_N=128)
+    four = dict(BEST, num_stages=4)
+    smem = 227 * 1024
+    short_k = mm.hopper_variants([four, tall], 8192, 8192, 512, 132, smem)
+    assert short_k == [
+        dict(four, num_stages=3, persistent=132),  # 4 stages + C = 257 KB > 227 KB
+        dict(four, warp_policy="full_row"),
+        dict(four, num_stages=3, warp_policy="full_row", persistent=132),
+        dict(tall, persistent=132),
+    ]
+    assert all(mm._separate_c_smem_bytes(c, "float16", "float16") <= smem for c in short_k if c.get("persistent"))
+    long_k = mm.hopper_variants([four, tall], 8192, 8192, 8192, 132, smem)
+    assert long_k == [dict(four, warp_policy="full_row")]  # persistent measured slower at K >= 4096
+    assert mm.hopper_variants([four], 256, 512, 512, 132, smem) == [dict(four, warp_policy="full_row")]  # 4 tiles
+    assert mm.hopper_variants([dict(four, split_k=2), dict(SMALL_M, thread_num=256)], 8192, 8192, 512, 132,
+                              smem) == [dict(SMALL_M, thread_num=256, persistent=132)]  # 64 rows, 2 groups: no full_row
+    assert mm.hopper_variants([four], 8192, 8192, 512, 132, smem, top=0) == []
+
+
+def test_validate_checks_the_persistent_kernels_shared_memory():
+    carver = pytest.importorskip("carver")
+    tmpl = carver.MatmulTemplate(M=8192, N=8192, K=512).with_arch(carver.arch.CUDA("H100"))
+    assert mm.validate(tmpl, 512, "float16", dict(BEST, num_stages=4)) == []  # C reuses the stages' memory
+    assert mm.validate(tmpl, 512, "float16", dict(BEST, num_stages=3, persistent=132)) == []
+    (reason,) = mm.validate(tmpl, 512, "float16", dict(BEST, num_stages=4, persistent=132))
+    assert "persistent 128x256x64 with num_stages=4 needs 263168 bytes" in reason and "fewer stages" in reason
+    auto_ws = {"pass_configs": {mm.AUTO_WS: "role_based"}}
+    assert "role-based" in mm.validate(tmpl, 512, "float16", dict(BEST, num_stages=4, **auto_ws))[0]
 
 
 def test_split_k_limit():
@@ -255,6 +313,18 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
     assert len(exhaustive.configs) == 288 and exhaustive.validate is None  # the grid as TileLang runs it
     with pytest.raises(ValueError, match="configs is empty"):
         mm.tuner(4096, 4096, 4096, configs=[], arch="H100")
+
+
+def test_tuner_adds_hopper_variants_only_on_hopper():
+    pytest.importorskip("autotuner")
+    pytest.importorskip("carver")
+    hopper = mm.tuner(8192, 8192, 512, arch="H100", topk=4).configs
+    extra = hopper[4:]
+    assert extra and all(c.get("persistent") == 132 or c.get("warp_policy") == "full_row" for c in extra)
+    assert any(c.get("persistent") for c in extra) and any(c.get("warp_policy") for c in extra)
+    assert mm.tuner(8192, 8192, 512, arch="H100", topk=4, variants=False).configs == hopper[:4]
+    ampere = mm.tuner(8192, 8192, 512, arch="A100-40GB", topk=4).configs
+    assert not any(c.get("persistent") or c.get("warp_policy") for c in ampere)
 
 
 def test_carver_arch_follows_a_compile_only_target():

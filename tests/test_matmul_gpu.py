@@ -41,6 +41,12 @@ CASES["NN-bf16-splitk3-odd"] = (100, 4097, 4000, SMALL_M, dict(split_k=3, trans_
 CASES["TN-fp16-splitk2-out-fp32"] = (256, 1000, 4097, SMALL_M, dict(split_k=2, trans_A=True, trans_B=False,
                                                                     out_dtype="float32"))
 CASES["NT-fp16-out-fp32"] = (1000, 1000, 1000, MID, dict(out_dtype="float32"))
+# Hopper variants: 7 and 13 CTAs walk 64-512 tiles, the last wave part-full, on odd shapes.
+WIDE = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
+CASES["NT-fp16-odd-persistent-full_row"] = (4000, 4097, 1000, WIDE, dict(persistent=7, warp_policy="full_row"))
+CASES["TT-bf16-odd-persistent"] = (1000, 1000, 4097, MID, dict(persistent=13, trans_A=True, in_dtype="bfloat16",
+                                                               out_dtype="bfloat16"))
+CASES["NN-fp16-full_row"] = (1024, 2048, 512, WIDE, dict(warp_policy="full_row", trans_B=False))
 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["NT-fp8"] = (2048, 2048, 1024, MID, dict(in_dtype="float8_e4m3", out_dtype="float16"))
 

@@ -1,6 +1,7 @@
-"""templates.matmul compiled for sm_90a with nvcc, without a GPU: layouts, dtypes, odd shapes, split-K.
+"""templates.matmul compiled for sm_90a with nvcc, without a GPU: layouts, dtypes, odd shapes, split-K,
+the row-wise warp split and the persistent kernel.
 
-Ten compiles of about 3-6 s each on one core. Hopper kernels with 128 or more threads per 64 rows must
+Twelve compiles of about 3-6 s each on one core. Hopper kernels with 128 or more threads per 64 rows must
 lower to wgmma with TMA loads; the test checks the source says so, since a silent fallback to mma.sync
 would compile and still be 2x slower. TMA needs 16-byte-aligned row strides, so an odd leading
 dimension (4097) falls back to cp.async loads; the test checks that too.
@@ -33,6 +34,9 @@ CASES = {
                                                            out_dtype="bfloat16")),
     "NT-fp8": (4096, 4096, 4096, MID, dict(in_dtype="float8_e4m3", out_dtype="float16")),
     "NT-fp16-out-fp32": (1000, 1000, 1000, MID, dict(out_dtype="float32")),
+    "NT-fp16-persistent-full_row": (8192, 8192, 512, BIG, dict(persistent=132, warp_policy="full_row")),
+    "TN-bf16-odd-persistent": (4000, 4097, 1000, MID, dict(persistent=132, trans_A=True, trans_B=False,
+                                                           in_dtype="bfloat16", out_dtype="bfloat16")),
 }
 
 
@@ -66,6 +70,11 @@ def test_compiles_for_sm90a(name, sm90a):
         assert "atomic" not in src.lower()
     if kw.get("in_dtype") == "float8_e4m3":
         assert "kFloat8_e4m3" in src
+    n_inst = cfg["block_N"] if kw.get("warp_policy") == "full_row" else None
+    if n_inst:  # each warpgroup owns whole rows: one m64nN wgmma per k-step
+        assert f"kFloat32, 64, {n_inst}, 16" in src, f"{name}: no m64n{n_inst} wgmma"
+    if kw.get("persistent"):  # the producer warpgroup carries its pipeline phase across tiles
+        assert "for (int w = 0;" in src and "producer_phase_cnt" in src
 
 
 def test_compile_api_for_a_compile_only_target():
