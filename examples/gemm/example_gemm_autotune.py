@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     tmpl = mm.carver_template(M, N, K, in_dtype=args.dtype, out_dtype=out_dtype, trans_A=trans_A,
                               trans_B=trans_B, arch="cuda")
     if args.with_roller:
-        configs = [mm.normalize_config(h.to_config()) for h in tmpl.recommend_hints(topk=args.topk)]
+        hints = [mm.normalize_config(h.to_config()) for h in tmpl.recommend_hints(topk=args.topk)]
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        configs += mm.split_k_candidates(configs, M, N, K, sms)
+        configs = hints + mm.split_k_candidates(hints, M, N, K, sms)
+        if tmpl.arch.has_wgmma:  # what TileLang's grid cannot express: row-wise warps, persistent CTAs
+            configs += mm.hopper_variants(hints, M, N, K, sms, tmpl.arch.smem_per_block, args.dtype, out_dtype)
     else:
         configs = mm.default_space(M, N, K)
     print(f"{M}x{N}x{K} {args.dtype} trans_A={trans_A} trans_B={trans_B} on {torch.cuda.get_device_name()}: "
