@@ -28,7 +28,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("K", type=int, nargs="?", default=4096)
     ap.add_argument("--with_roller", "--with-roller", action="store_true",
                     help="tune the carver's top-k hints (plus split-K variants when the tiles fill less "
-                         "than one wave) instead of the 288-config grid")
+                         "than one wave, and Hopper variants on Hopper) instead of the 288-config grid")
     ap.add_argument("--topk", type=int, default=8, help="hints to tune with --with_roller (default 8)")
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float8_e4m3"])
     ap.add_argument("--trans_A", action="store_true", help="A is stored (K, M)")
