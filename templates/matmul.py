@@ -508,9 +508,11 @@ def hopper_variants(
       For blocks at least as tall as wide TileLang's "square" split is already row-wise.
     * ``persistent=num_sms`` when there is more than one wave of tiles and K is short (at most
       ``persistent_max_k_iters`` K tiles): resident CTAs walk the tiles, and the producer loads the next
-      tile while the consumers store this one. Stages are cut until the C tile fits beside them, down
-      to 2. On an H200 (2026-11-21, ``benchmarks/gemm_variants.py``) it made 8192x8192x512 1.09x faster
-      and every shape with K >= 4096 0.93-0.97x slower, hence the K limit.
+      tile while the consumers store this one. Stages are cut until the C tile fits beside them, but not
+      below 3. On an H200 (2026-11-21, ``benchmarks/gemm_variants.py``, data in
+      ``benchmarks/data/gemm-variants-2026-11-21``) it made 8192x8192x512 1.09x faster and every shape
+      with K >= 4096 0.93-0.97x slower, hence the K limit; with 2 stages the 192x256 and 256x192
+      persistent kernels ran 3.4-4.9x slower than the same tiles unpersisted, hence the stage floor.
 
     The carver does not model either (it ranks the grid's program); the autotuner measures them.
     """
@@ -528,9 +530,9 @@ def hopper_variants(
             wanted = [] if policy == "square" else [base]
             if tiles > num_sms and math.ceil(K / cfg["block_K"]) <= persistent_max_k_iters:
                 pers = {**base, "persistent": num_sms}
-                while pers["num_stages"] > 2 and _separate_c_smem_bytes(pers, in_dtype, out_dtype) > smem_per_block:
+                while pers["num_stages"] > 3 and _separate_c_smem_bytes(pers, in_dtype, out_dtype) > smem_per_block:
                     pers["num_stages"] -= 1
-                if _separate_c_smem_bytes(pers, in_dtype, out_dtype) <= smem_per_block:
+                if pers["num_stages"] >= 3 and _separate_c_smem_bytes(pers, in_dtype, out_dtype) <= smem_per_block:
                     wanted.append(pers)
             out += [c for c in wanted if c not in out and c not in configs]
     return out

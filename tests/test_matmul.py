@@ -228,6 +228,10 @@ def test_hopper_variants():
     assert mm.hopper_variants([dict(four, split_k=2), dict(SMALL_M, thread_num=256)], 8192, 8192, 512, 132,
                               smem) == [dict(SMALL_M, thread_num=256, persistent=132)]  # 64 rows, 2 groups: no full_row
     assert mm.hopper_variants([four], 8192, 8192, 512, 132, smem, top=0) == []
+    # 192x256 fits C beside only 2 stages, which measured 3.4x slower: no persistent variant
+    assert mm.hopper_variants([dict(BEST, block_M=192, num_stages=4)], 8192, 8192, 512, 132, smem) == []
+    assert mm.hopper_variants([dict(BEST, num_stages=2)], 8192, 8192, 512, 132, smem) == [
+        dict(BEST, num_stages=2, warp_policy="full_row")]
 
 
 def test_validate_checks_the_persistent_kernels_shared_memory():
