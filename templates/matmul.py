@@ -28,6 +28,11 @@ second kernel in the same program sums the partials and casts once into ``C``. S
 not change, ``C`` needs no zero-fill, the result is deterministic (no atomics) and rounds once, like the
 plain path. The cost is ``split_k * M * N * 4`` bytes of workspace and ``2 * split_k * M * N * 4`` bytes
 of extra traffic, which only pays when M*N is small next to the work per tile.
+
+Two more knobs express what TileLang's grid cannot (:func:`hopper_variants` proposes them on Hopper):
+``warp_policy="full_row"`` gives each warpgroup whole rows of the block (one m64n256 wgmma rather than
+two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk the tiles, so the
+producer warpgroup loads the next tile while the consumers store this one.
 """
 
 import functools
@@ -241,7 +246,7 @@ def kernel(
         # `persistent` resident CTAs walk the tiles (tile w * persistent + cta): on Hopper the producer
         # warpgroup loads the next tile's first stages while the consumers store this tile's C, so the
         # epilogue and the pipeline fill stop costing a full tile each. No shared buffer is reused
-        # across tiles, so C's staging tile sits beside the A/B stages (see `_smem_bytes`).
+        # across tiles, so C's staging tile sits beside the A/B stages (see `_separate_c_smem_bytes`).
         m_tiles, n_tiles = math.ceil(M / block_M), math.ceil(N / block_N)
         waves = math.ceil(m_tiles * n_tiles / persistent)
         swizzle = panel_size if enable_rasterization else 1
