@@ -42,8 +42,9 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from carver.problem import flag, positive_int
+from carver.problem import canonical_dtype, dtype_bytes, flag, positive_int
 from carver.validity import CONFIG_KEYS as MATMUL_CONFIG_KEYS
+from carver.validity import OPTIONAL_KEYS as CARVER_OPTIONAL_KEYS
 
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     import torch
@@ -70,7 +71,7 @@ __all__ = [
 #: The reserved parameters of TileLang's GEMM grid; every config has them (the carver's list).
 TUNABLE_KEYS: tuple[str, ...] = MATMUL_CONFIG_KEYS
 #: What this template adds to the six, with the value that leaves the grid's program unchanged.
-EXTRA_DEFAULTS: dict[str, Any] = {"panel_size": 10, "split_k": 1, "warp_policy": "square", "persistent": 0}
+EXTRA_DEFAULTS: dict[str, Any] = {**CARVER_OPTIONAL_KEYS, "warp_policy": "square", "persistent": 0}
 #: Everything a config may set: the six above plus the four this template adds.
 CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(EXTRA_DEFAULTS)
 #: A config may carry TileLang pass configs of its own (the autotuner hands them to the compiler).
@@ -78,7 +79,7 @@ PASS_CONFIGS_KEY = "pass_configs"
 #: TileLang's role-based warp specialisation: the C tile gets its own shared buffer and a store warp.
 AUTO_WS = "tl.enable_auto_warp_specialization"
 #: The keys the carver models (the rest change neither a config's tile nor its registers).
-_CARVER_KEYS: tuple[str, ...] = TUNABLE_KEYS + ("panel_size", "split_k")
+_CARVER_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(CARVER_OPTIONAL_KEYS)
 #: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
 WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: Input dtypes. fp8 (e4m3) only on Hopper or newer, and only with K-major operands (the NT layout).
@@ -86,13 +87,6 @@ IN_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float8_e4m3")
 OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 ACCUM_DTYPES: tuple[str, ...] = ("float32",)
 
-_ALIASES = {
-    "fp16": "float16", "half": "float16", "f16": "float16",
-    "bf16": "bfloat16",
-    "fp32": "float32", "float": "float32", "f32": "float32",
-    "fp8": "float8_e4m3", "e4m3": "float8_e4m3", "fp8_e4m3": "float8_e4m3",
-    "float8_e4m3fn": "float8_e4m3",
-}
 _GRID = {
     "block_M": [64, 128, 256],
     "block_N": [64, 128, 256],
@@ -110,8 +104,10 @@ _SM_ARCH = re.compile(r"^sm_\d+a?$")
 # --------------------------------------------------------------------------------------------------
 def _dtype(value: object, allowed: Sequence[str], what: str) -> str:
     """Normalise a dtype name (``"fp16"``, ``torch.float16`` and ``"float16"`` are one dtype)."""
-    name = str(value).removeprefix("torch.")
-    name = _ALIASES.get(name, name)
+    try:
+        name = canonical_dtype(value, what)  # the carver's aliases: one table for the project
+    except ValueError:
+        name = None
     if name not in allowed:
         raise ValueError(f"{what} must be one of {list(allowed)}, got {value!r}")
     return name
@@ -446,14 +442,10 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     return problems
 
 
-def _bytes(dtype: str) -> int:
-    return 1 if dtype.startswith("float8") else 4 if dtype == "float32" else 2
-
-
 def _separate_c_smem_bytes(cfg: Mapping[str, Any], in_dtype: str, out_dtype: str) -> int:
     """Shared memory when C's staging tile sits beside every A/B stage (persistent, role-based WS)."""
-    stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * _bytes(in_dtype)
-    return max(cfg["num_stages"], 1) * stage + cfg["block_M"] * cfg["block_N"] * _bytes(out_dtype) + 1024
+    stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * dtype_bytes(in_dtype)
+    return max(cfg["num_stages"], 1) * stage + cfg["block_M"] * cfg["block_N"] * dtype_bytes(out_dtype) + 1024
 
 
 def _hint_configs(tmpl: Any, topk: int) -> list[dict[str, Any]]:
