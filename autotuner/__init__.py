@@ -13,7 +13,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .trial import STATUSES, Trial
-from .tuner import AutoTuner, TunedKernel, TuneResult, TuningError
+from .errors import TuningCacheError, TuningError, TuningInputError
+from .trial import STATUSES, Status, Trial
+from .tuner import AutoTuner, TunedKernel, TuneResult
 
-__all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError", "__version__"]
+__all__ = ["STATUSES", "AutoTuner", "Status", "Trial", "TuneResult", "TunedKernel", "TuningCacheError", "TuningError",
+           "TuningInputError", "__version__"]

@@ -22,9 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .check import SupplyType, compare, make_args, poison_, run_reference
+from .check import SupplyType, compare, make_args, poison_, run_reference, same_bits
 from .compile import (
-    ERROR_CHARS,
     _cloudpickle,
     _restore_globals,
     _seed_linecache,
@@ -32,11 +31,12 @@ from .compile import (
     kernel_globals,
     kernel_sources,
 )
-from .config import config_label
+from .errors import TuningInputError
+from .settings import resolve_out_idx
 from .timing import Timing, time_callable
-from .trial import Trial
+from .trial import Status, Trial, format_error
 
-__all__ = ["Bench", "BenchSpec", "IsolatedBench"]
+__all__ = ["Bench", "BenchSpec", "IsolatedBench", "param_names", "resolve_roles"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +58,86 @@ class BenchSpec:
     max_mismatched_ratio: float
     warmup: int
     rep: int
+    reset_to_zero: tuple[int | str, ...] = ()  # arguments zeroed before every call
+    restore_value: tuple[int | str, ...] = ()  # arguments restored to their generated values before every call
+    timing: str = "burst"
+    timing_backend: str = "event"
+    sustain_s: float = 2.0
 
 
-class TuningInputError(ValueError):
-    """Inputs cannot be generated for the kernel's parameters (e.g. symbolic shapes): a user bug."""
+def param_names(jit: Any) -> list[str]:
+    """The kernel's buffer names (``A``, ``B``, ``C``), for messages and for naming arguments."""
+    try:
+        func = jit.prim_func
+        return [str(func.buffer_map[p].name) if p in func.buffer_map else str(p.name) for p in func.params]
+    except Exception:  # noqa: BLE001 - a kernel object without a PrimFunc: fall back to positions
+        return [f"arg{i}" for i in range(len(jit.params))]
+
+
+def resolve_roles(out_idx: list[int] | None, reset_to_zero: tuple[int | str, ...], restore_value: tuple[int | str, ...],
+                  names: list[str]) -> tuple[list[int], list[int], list[int]]:
+    """``(outputs, reset-to-zero, restore-value)`` as parameter indices of a kernel with buffers ``names``;
+    an index out of range or an unknown name is a :class:`TuningInputError`."""
+    try:
+        outs = resolve_out_idx(out_idx, len(names))
+    except ValueError as e:
+        raise TuningInputError(f"{e} (the kernel's arguments: {names})") from None
+    zero = _resolve_names(reset_to_zero, names, "reset_to_zero")
+    restore = _resolve_names(restore_value, names, "restore_value")
+    if set(zero) & set(restore):
+        raise TuningInputError(f"arguments {[names[i] for i in sorted(set(zero) & set(restore))]} are in both "
+                               "reset_to_zero and restore_value; name each in one")
+    return outs, zero, restore
+
+
+def _resolve_names(wanted: tuple[int | str, ...], names: list[str], what: str) -> list[int]:
+    out = []
+    for w in wanted:
+        if isinstance(w, str):
+            if w not in names:
+                raise TuningInputError(f"{what} names {w!r}, but the kernel's arguments are {names}")
+            out.append(names.index(w))
+        else:
+            out.extend(resolve_out_idx([w], len(names), what))
+    return sorted(set(out))
+
+
+@dataclass
+class _Case:
+    """The buffers every candidate of one parameter signature runs on, and what may change in them.
+
+    ``pristine`` holds a copy of every argument that is not a pure output: after each call the
+    guarded ones are compared with it bit for bit (a candidate that writes to an input is a
+    mismatch, and the input is restored before the next candidate), and ``restore`` arguments are
+    copied back from it before every call.
+    """
+
+    args: list[Any]
+    names: list[str]
+    out_idx: list[int]
+    zero: list[int]
+    restore: list[int]
+    guarded: list[int]
+    pristine: dict[int, Any]
+    refs: list[Any] | None
+
+    def prepare(self, poison: bool) -> None:
+        """Outputs poisoned (when checking), reset-to-zero arguments zeroed, restored ones restored."""
+        if poison:
+            for i in self.out_idx:
+                if i not in self.zero and i not in self.restore:
+                    poison_(self.args[i])
+        for i in self.zero:
+            self.args[i].zero_()
+        for i in self.restore:
+            self.args[i].copy_(self.pristine[i])
+
+    def written_inputs(self) -> list[int]:
+        """Guarded arguments whose bits changed; each is restored from its pristine copy."""
+        bad = [i for i in self.guarded if not same_bits(self.args[i], self.pristine[i])]
+        for i in bad:
+            self.args[i].copy_(self.pristine[i])
+        return bad
 
 
 class Bench:
@@ -69,69 +145,99 @@ class Bench:
 
     def __init__(self, spec: BenchSpec) -> None:
         self.spec = spec
-        self._inputs: dict[tuple, tuple[list[Any], list[Any] | None]] = {}
+        self._cases: dict[tuple, _Case] = {}
         self._kernels: dict[int, Any] = {}
         self.ref_latency: float | None = None
 
-    def _out_idx(self, n: int) -> list[int]:
-        return [i % n for i in (self.spec.out_idx or [])]
-
-    def _args_and_refs(self, jit: Any) -> tuple[list[Any], list[Any] | None]:
-        """Inputs (and reference outputs) per distinct parameter signature, made once per run."""
+    def _case(self, jit: Any) -> _Case:
+        """Inputs, pristine copies and reference outputs per distinct parameter signature, made once."""
         s = self.spec
         sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
-        if sig not in self._inputs:
-            out_idx = self._out_idx(len(jit.params))
-            try:
-                args = make_args(jit.params, out_idx, s.supply_type, s.device)
-            except (ValueError, TypeError) as e:
-                raise TuningInputError(str(e)) from e
-            refs = None
-            inputs = [a for i, a in enumerate(args) if i not in out_idx]
-            if s.ref_prog is not None:
-                refs = run_reference(s.ref_prog, inputs)
-                if self.ref_latency is None:
-                    ref = s.ref_prog
-                    self.ref_latency = time_callable(lambda: ref(*inputs), s.warmup, s.rep, s.device).median_ms
-            self._inputs[sig] = (args, refs)
-        return self._inputs[sig]
+        if sig in self._cases:
+            return self._cases[sig]
+        names = param_names(jit)
+        out_idx, zero, restore = resolve_roles(s.out_idx, s.reset_to_zero, s.restore_value, names)
+        try:
+            args = make_args(jit.params, out_idx, s.supply_type, s.device)
+        except (ValueError, TypeError) as e:
+            raise TuningInputError(str(e)) from e
+        for i in restore:  # restore_value outputs start from generated data, like inputs
+            if i in out_idx:
+                args[i] = make_args([jit.params[i]], [], s.supply_type, s.device, seed=1000 + i)[0]
+        pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
+        guarded = [i for i in pristine if i not in zero and i not in restore]
+        refs = None
+        if s.ref_prog is not None:
+            ref_in = [pristine[i].clone() for i in sorted(pristine) if i not in zero]
+            refs = run_reference(s.ref_prog, ref_in, len(out_idx), [tuple(args[i].shape) for i in out_idx])
+            if self.ref_latency is None:
+                ref = s.ref_prog
+                self.ref_latency = time_callable(lambda: ref(*ref_in), s.warmup, s.rep, s.device).median_ms
+        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine, refs)
+        return self._cases[sig]
+
+    def check(self, jit: Any) -> tuple[str, str] | None:
+        """Run ``jit`` once on fresh buffers and check it: ``None`` when it passes, else ``(status, why)``.
+
+        Raises :class:`TuningInputError` when the problem itself is wrong (the reference, out_idx).
+        """
+        case = self._case(jit)
+        case.prepare(poison=True)
+        try:
+            jit(*case.args)
+            self._sync()
+        except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
+            return Status.RUNTIME_ERROR, format_error(e)
+        why = self._written_message(case, "")
+        if why is None:
+            why = self._check([case.args[i] for i in case.out_idx], case.refs)
+        return None if why is None else (Status.MISMATCH, why)
+
+    @staticmethod
+    def _written_message(case: _Case, when: str) -> str | None:
+        written = case.written_inputs()
+        if not written:
+            return None
+        which = ", ".join(f"argument {i} ({case.names[i]})" for i in written)
+        return (f"the kernel wrote to its input {which}{when}, which is not an output (out_idx={case.out_idx}); "
+                "a kernel that updates an argument in place needs it in restore_value (or reset_to_zero)")
+
+    def _time(self, jit: Any, case: _Case, mode: str) -> Timing:
+        s = self.spec
+        prepare = (lambda: case.prepare(poison=False)) if case.zero or case.restore else None
+        return time_callable(lambda: jit(*case.args), s.warmup, s.rep, s.device, mode=mode,
+                             backend=s.timing_backend, sustain_s=s.sustain_s, prepare=prepare)
 
     def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         s = self.spec
         try:
             jit = build(s.kernel, cfg, s.target_spec, s.pass_configs)
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
-            return Trial(cfg, "compile_error", f"load after compile failed: {type(e).__name__}: {e}"[-ERROR_CHARS:],
-                         compile_s)
-        args, refs = self._args_and_refs(jit)
-        out_idx = self._out_idx(len(args))
+            return Trial(cfg, Status.COMPILE_ERROR, "load after compile failed: " + format_error(e), compile_s)
+        failed = self.check(jit)
+        if failed is not None:
+            return Trial(cfg, failed[0], failed[1], compile_s)
+        case = self._case(jit)
         try:
-            for i in out_idx:  # poison again: the last run of another config wrote these
-                poison_(args[i])
-            jit(*args)
-            self._sync()
-        except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
-            return Trial(cfg, "runtime_error", f"{type(e).__name__}: {e}"[-ERROR_CHARS:], compile_s)
-        why = self._check([args[i] for i in out_idx], refs)
-        if why is not None:
-            return Trial(cfg, "mismatch", why, compile_s)
-        try:
-            timing = time_callable(lambda: jit(*args), s.warmup, s.rep, s.device)
+            timing = self._time(jit, case, "burst")  # every candidate in bursts; finalists as spec.timing says
         except Exception as e:  # noqa: BLE001
-            return Trial(cfg, "runtime_error", f"{type(e).__name__}: {e}"[-ERROR_CHARS:], compile_s)
+            return Trial(cfg, Status.RUNTIME_ERROR, format_error(e), compile_s)
+        why = self._written_message(case, " while being timed")
+        if why is not None:
+            return Trial(cfg, Status.MISMATCH, why, compile_s)
         self._kernels[index] = jit
-        return Trial(cfg, "ok", None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
+        return Trial(cfg, Status.OK, None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
 
     def retime(self, index: int, cfg: dict[str, Any]) -> Timing:
-        """Time a measured candidate again (finalists, once compilation no longer loads the CPU).
+        """Time a measured candidate again, as ``spec.timing`` says (finalists, once compilation no
+        longer loads the CPU).
 
         After a restart of the measuring process the kernel is loaded again (a disk-cache hit).
         """
         if index not in self._kernels:
             self._kernels[index] = build(self.spec.kernel, cfg, self.spec.target_spec, self.spec.pass_configs)
         jit = self._kernels[index]
-        args, _ = self._args_and_refs(jit)
-        return time_callable(lambda: jit(*args), self.spec.warmup, self.spec.rep, self.spec.device)
+        return self._time(jit, self._case(jit), self.spec.timing)
 
     def has_kernel(self, index: int) -> bool:
         return index in self._kernels
@@ -145,7 +251,7 @@ class Bench:
 
     def close(self) -> None:
         self._kernels.clear()
-        self._inputs.clear()
+        self._cases.clear()
 
     def _sync(self) -> None:
         if self.spec.device == "cuda":
@@ -199,7 +305,22 @@ def _serve(fd: int) -> None:
                 return
             conn.send(("ok", reply))
         except TuningInputError as e:
-            conn.send(("input_error", str(e)))
+            conn.send(("input_error", (str(e), _portable(e.__cause__))))
+        except Exception as e:  # noqa: BLE001 - a bug on the measuring side: the parent raises it
+            conn.send(("error", format_error(e)))
+
+
+def _portable(exc: BaseException | None) -> BaseException | None:
+    """``exc`` if it survives pickling (so the parent can chain it), else a RuntimeError with its text."""
+    if exc is None:
+        return None
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:  # noqa: BLE001
+        return RuntimeError(format_error(exc))
 
 
 class IsolatedBench:
@@ -270,16 +391,25 @@ class IsolatedBench:
         tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
         if tag == "ok":
             return reply
+        self._raise_for(tag, reply)
+        return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
+
+    @staticmethod
+    def _raise_for(tag: str, reply: Any) -> None:
         if tag == "input_error":
-            raise TuningInputError(f"cannot generate inputs for {config_label(cfg)}: {reply}")
-        return Trial(cfg, "runtime_error" if tag == "died" else "timeout", reply, compile_s)
+            text, cause = reply
+            raise TuningInputError(text) from cause
+        if tag == "error":
+            raise RuntimeError(f"the measuring process failed (a tilecarve bug, please report it):\n{reply}")
 
     def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
         tag, reply = self._call(("retime", index, cfg), self.run_timeout)
+        self._raise_for(tag, reply)
         return reply if tag == "ok" else None
 
     def fetch_ref_latency(self) -> float | None:
         tag, reply = self._call(("ref_latency",), 60)
+        self._raise_for(tag, reply)
         if tag == "ok" and reply is not None:
             self.ref_latency = reply
         return self.ref_latency

@@ -23,16 +23,24 @@ import builtins
 import hashlib
 import inspect
 import json
+import math
 import os
 import re
 import sqlite3
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TuningDB", "cache_dir", "tuning_key"]
+from .config import config_to_json
+from .errors import TuningCacheError
+from .trial import Status, Trial
+
+__all__ = ["DamagedRow", "StoredRun", "TuningCacheWarning", "TuningDB", "cache_dir", "function_fingerprint",
+           "prim_hash", "tuning_key"]
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _SCHEMA = """
@@ -46,7 +54,8 @@ CREATE TABLE IF NOT EXISTS runs (
     best_latency_ms REAL,
     ref_latency_ms REAL,
     n_configs INTEGER NOT NULL,
-    meta TEXT NOT NULL
+    meta TEXT NOT NULL,
+    best_prim TEXT
 );
 CREATE TABLE IF NOT EXISTS trials (
     key TEXT NOT NULL REFERENCES runs(key) ON DELETE CASCADE,
@@ -59,6 +68,8 @@ CREATE TABLE IF NOT EXISTS trials (
     min_ms REAL,
     iqr_ms REAL,
     recorded REAL NOT NULL,
+    rounds INTEGER,
+    spread REAL,
     PRIMARY KEY (key, idx)
 );
 """
@@ -91,7 +102,7 @@ def _stable(value: Any, seen: set[int], depth: int) -> Any:
     if isinstance(value, types.ModuleType):
         return f"module:{value.__name__}:{getattr(value, '__version__', '')}"
     if isinstance(value, types.FunctionType) or hasattr(value, "func") and callable(value):
-        return _function_fingerprint(value, seen, depth + 1)
+        return function_fingerprint(value, seen, depth + 1)
     if isinstance(value, type):
         return f"class:{value.__module__}.{value.__qualname__}"
     if hasattr(value, "shape") and hasattr(value, "dtype"):  # arrays and tensors: by shape and dtype
@@ -115,11 +126,11 @@ def _referenced_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _function_fingerprint(fn: Any, seen: set[int], depth: int) -> dict[str, Any]:
+def function_fingerprint(fn: Any, seen: set[int], depth: int) -> dict[str, Any]:
     """Source, bound arguments, closure values and the globals it reads (recursively, bounded)."""
     if hasattr(fn, "func") and not isinstance(fn, types.FunctionType):  # functools.partial
         return {
-            "partial": _function_fingerprint(fn.func, seen, depth),
+            "partial": function_fingerprint(fn.func, seen, depth),
             "args": [_stable(a, seen, depth) for a in fn.args],
             "kwargs": {k: _stable(v, seen, depth) for k, v in sorted(fn.keywords.items())},
         }
@@ -156,12 +167,17 @@ def _versions() -> dict[str, str | None]:
             "tilecarve": __version__}
 
 
-def tuning_key(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]], prim_func_text: str,
-               target_key: str, settings: dict[str, Any]) -> str:
-    """SHA-256 over everything that changes which config wins and how fast it is."""
+def tuning_key(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]], target_key: str,
+               settings: dict[str, Any]) -> str:
+    """SHA-256 over everything that changes which config wins and how fast it is, as far as it can be
+    known without running the user's kernel factory (which runs only in bounded places).
+
+    What the factory elaborates to is pinned per winner instead: the run stores the hash of the
+    winner's PrimFunc (:func:`prim_hash`), and a warm hit is served only when the winner, elaborated
+    again, hashes the same (code the kernel reaches through a module attribute may have changed).
+    """
     blob = {
-        "kernel": _function_fingerprint(kernel, set(), 0),
-        "prim_func": hashlib.sha256(prim_func_text.encode()).hexdigest(),
+        "kernel": function_fingerprint(kernel, set(), 0),
         "configs": [json.dumps(c, sort_keys=True) for c in configs],
         "target": target_key,
         "versions": _versions(),
@@ -170,24 +186,132 @@ def tuning_key(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]], pr
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def prim_hash(func: Any) -> str:
+    """SHA-256 of a PrimFunc's TVMScript: what a config actually elaborates to (shapes, dtypes, body)."""
+    return hashlib.sha256(func.script().encode()).hexdigest()
+
+
 # ---------------------------------------------------------------------------------------------
 # the database
 
 
+class TuningCacheWarning(RuntimeWarning):
+    """The tuning database had something it could not trust: a damaged file, set aside, or a bad row."""
+
+
+class DamagedRow(ValueError):
+    """A stored row that cannot be what tilecarve wrote: it is ignored and the problem re-tuned."""
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A finished run as stored: its winner and every trial, by config index."""
+
+    best_config: dict[str, Any] | None
+    best_latency_ms: float | None
+    ref_latency_ms: float | None
+    best_prim: str | None
+    trials: dict[int, Trial]
+
+
+def _trial_from_row(row: tuple) -> tuple[int, Trial]:
+    """``(idx, Trial)`` from a trials row, or :class:`DamagedRow` saying what is wrong with it."""
+    idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread = row
+    if not isinstance(idx, int) or idx < 0:
+        raise DamagedRow(f"trial index {idx!r}")
+    try:
+        cfg = json.loads(config)
+        status = Status(status)
+    except (TypeError, ValueError) as e:
+        raise DamagedRow(f"trial {idx}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DamagedRow(f"trial {idx}: config {config!r} is not a dict")
+    for name, v in (("compile_s", compile_s), ("median_ms", median_ms), ("min_ms", min_ms), ("iqr_ms", iqr_ms),
+                    ("spread", spread)):
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise DamagedRow(f"trial {idx}: {name}={v!r}")
+    if status is Status.OK and (median_ms is None or median_ms <= 0):
+        raise DamagedRow(f"trial {idx}: status ok without a positive latency ({median_ms!r})")
+    if error is not None and not isinstance(error, str):
+        raise DamagedRow(f"trial {idx}: error {error!r}")
+    return idx, Trial(cfg, status, error, compile_s, median_ms, min_ms, iqr_ms,
+                      rounds if isinstance(rounds, int) else None, spread)
+
+
+_CACHE_FIX = "set TILECARVE_CACHE_DIR to a writable directory, or tune without the database: .set_tuning(cache=False)"
+
+
 class TuningDB:
-    """A thin, process-safe wrapper over the SQLite file. Open one per tuning run."""
+    """A thin, process-safe wrapper over the SQLite file. Open one per tuning run.
+
+    A file that is not a database or is damaged is moved aside (kept, next to it, with a
+    ``.damaged-<time>`` suffix) and a new one started, with a :class:`TuningCacheWarning`; a
+    directory or file that cannot be written is a :class:`TuningCacheError` naming it and the fix.
+    """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / "tuning.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        self._conn.execute("PRAGMA busy_timeout = 60000")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA foreign_keys = ON")
-        with self._tx():
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TuningCacheError(f"cannot create the tuning cache directory {self.path.parent}: "
+                                   f"{e.strerror or e}; {_CACHE_FIX}") from e
+        try:
+            self._conn = self._open()
+        except sqlite3.OperationalError as e:
+            if not self._damaged(e):
+                raise TuningCacheError(f"cannot open or write the tuning database {self.path}: {e}; "
+                                       f"{_CACHE_FIX}") from e
+            self._conn = self._replace(e)
+        except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
+            self._conn = self._replace(e)
+
+    @staticmethod
+    def _damaged(e: sqlite3.Error) -> bool:
+        return getattr(e, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or any(
+            m in str(e) for m in ("malformed", "not a database"))
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 60000")
+            check = conn.execute("PRAGMA quick_check").fetchone()
+            if check is None or check[0] != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {check!r})")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("BEGIN IMMEDIATE")
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
-                    self._conn.execute(stmt)
+                    conn.execute(stmt)
+            for table, column, decl in (("runs", "best_prim", "TEXT"), ("trials", "rounds", "INTEGER"),
+                                        ("trials", "spread", "REAL")):  # files from before these columns
+                have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _replace(self, err: sqlite3.Error) -> sqlite3.Connection:
+        """Move a damaged file aside (never delete it: it may be all someone has) and start anew."""
+        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.path) + suffix)
+                if src.exists():
+                    os.replace(src, Path(str(aside) + suffix))
+        except OSError as e:
+            raise TuningCacheError(f"the tuning database {self.path} is damaged ({err}) and cannot be moved aside: "
+                                   f"{e.strerror or e}; move it away yourself, or {_CACHE_FIX}") from e
+        warnings.warn(f"the tuning database {self.path} is damaged ({err}); it was moved to {aside} and a new one "
+                      "started, so earlier tuning results will be measured again", TuningCacheWarning, stacklevel=4)
+        try:
+            return self._open()
+        except sqlite3.Error as e:
+            raise TuningCacheError(f"cannot create a new tuning database {self.path}: {e}; {_CACHE_FIX}") from e
 
     def _tx(self):
         conn = self._conn
@@ -205,25 +329,35 @@ class TuningDB:
     def close(self) -> None:
         self._conn.close()
 
-    def finished_run(self, key: str) -> dict[str, Any] | None:
-        """The finished run stored under ``key`` with its trials, or ``None``."""
+    def finished_run(self, key: str) -> StoredRun | None:
+        """The finished run stored under ``key``, or ``None``; :class:`DamagedRow` if a row is not sound."""
         row = self._conn.execute(
-            "SELECT best_config, best_latency_ms, ref_latency_ms, meta FROM runs WHERE key=? AND finished IS NOT NULL",
-            (key,),
-        ).fetchone()
+            "SELECT best_config, best_latency_ms, ref_latency_ms, best_prim FROM runs "
+            "WHERE key=? AND finished IS NOT NULL", (key,)).fetchone()
         if row is None:
             return None
-        trials = self._trial_rows(key)
-        return {"best_config": json.loads(row[0]) if row[0] else None, "best_latency_ms": row[1],
-                "ref_latency_ms": row[2], "meta": json.loads(row[3]), "trials": trials}
+        best, best_ms, ref_ms, best_prim = row
+        try:
+            best_config = json.loads(best) if best is not None else None
+        except (TypeError, ValueError) as e:
+            raise DamagedRow(f"best_config {best!r}: {e}") from None
+        if best_config is not None and not isinstance(best_config, dict):
+            raise DamagedRow(f"best_config {best!r} is not a dict")
+        for name, v in (("best_latency_ms", best_ms), ("ref_latency_ms", ref_ms)):
+            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+                raise DamagedRow(f"{name}={v!r}")
+        return StoredRun(best_config, best_ms, ref_ms, best_prim, self.trials(key))
 
-    def open_run(self, key: str, kernel: str, target: str, n_configs: int,
-                 meta: dict[str, Any]) -> list[tuple]:
-        """Open the run under ``key`` and return the trials already recorded for it.
+    def trials(self, key: str) -> dict[int, Trial]:
+        """The trials recorded under ``key``; :class:`DamagedRow` if one is not sound."""
+        rows = self._conn.execute(
+            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread FROM trials "
+            "WHERE key=? ORDER BY idx", (key,)).fetchall()
+        return dict(_trial_from_row(r) for r in rows)
 
-        An unfinished run (the process was interrupted) is resumed: its trials are returned, so the
-        caller measures only what is missing. A finished run that found nothing is started afresh.
-        """
+    def open_run(self, key: str, kernel: str, target: str, n_configs: int, meta: dict[str, Any]) -> None:
+        """Open the run under ``key``. An unfinished one (the process was interrupted) keeps its trials,
+        so the caller measures only what is missing; a finished one is started afresh."""
         with self._tx():
             row = self._conn.execute("SELECT finished FROM runs WHERE key=?", (key,)).fetchone()
             if row is None:
@@ -234,27 +368,32 @@ class TuningDB:
             else:
                 if row[0] is not None:
                     self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
-                self._conn.execute("UPDATE runs SET finished=NULL, created=?, meta=? WHERE key=?",
-                                   (time.time(), json.dumps(meta), key))
-            return self._trial_rows(key)
+                self._conn.execute("UPDATE runs SET finished=NULL, best_config=NULL, best_prim=NULL, created=?, "
+                                   "meta=? WHERE key=?", (time.time(), json.dumps(meta), key))
 
-    def _trial_rows(self, key: str) -> list[tuple]:
-        return self._conn.execute(
-            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms FROM trials "
-            "WHERE key=? ORDER BY idx", (key,)).fetchall()
+    def forget_trials(self, key: str, indices: Iterable[int]) -> None:
+        """Drop trials that cannot be trusted, so that they are measured again."""
+        with self._tx():
+            self._conn.executemany("DELETE FROM trials WHERE key=? AND idx=?", [(key, i) for i in indices])
 
-    def record_trial(self, key: str, idx: int, config_json: str, status: str, error: str | None,
-                     compile_s: float | None, median_ms: float | None, min_ms: float | None,
-                     iqr_ms: float | None) -> None:
+    def discard_run(self, key: str) -> None:
+        """Remove a run and its trials (the problem itself was wrong: nothing of it is worth keeping)."""
+        with self._tx():
+            self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
+            self._conn.execute("DELETE FROM runs WHERE key=?", (key,))
+
+    def record_trial(self, key: str, idx: int, trial: Trial) -> None:
         with self._tx():
             self._conn.execute(
                 "INSERT OR REPLACE INTO trials (key, idx, config, status, error, compile_s, median_ms, min_ms, "
-                "iqr_ms, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, idx, config_json, status, error, compile_s, median_ms, min_ms, iqr_ms, time.time()))
+                "iqr_ms, recorded, rounds, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, idx, config_to_json(trial.config), str(trial.status), trial.error, trial.compile_s,
+                 trial.median_ms, trial.min_ms, trial.iqr_ms, time.time(), trial.rounds, trial.spread))
 
-    def finish_run(self, key: str, best_config_json: str | None, best_ms: float | None,
-                   ref_ms: float | None) -> None:
+    def finish_run(self, key: str, best: Trial | None, ref_ms: float | None, best_prim: str | None = None) -> None:
         with self._tx():
             self._conn.execute(
-                "UPDATE runs SET finished=?, best_config=?, best_latency_ms=?, ref_latency_ms=? WHERE key=?",
-                (time.time(), best_config_json, best_ms, ref_ms, key))
+                "UPDATE runs SET finished=?, best_config=?, best_latency_ms=?, ref_latency_ms=?, best_prim=? "
+                "WHERE key=?",
+                (time.time(), config_to_json(best.config) if best else None, best.median_ms if best else None,
+                 ref_ms, best_prim, key))

@@ -12,7 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type", "poison_"]
+from .errors import TuningInputError
+
+__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type", "poison_", "run_reference",
+           "same_bits", "torch_dtype"]
 
 
 class SupplyType(enum.Enum):
@@ -44,7 +47,7 @@ def parse_supply_type(value: Any) -> SupplyType:
     )
 
 
-def _torch_dtype(dtype: Any) -> Any:
+def torch_dtype(dtype: Any) -> Any:
     import torch
 
     if isinstance(dtype, torch.dtype):
@@ -81,11 +84,11 @@ def _fill(shape: list[int], dtype: Any, supply: SupplyType, device: str, gen: An
     is_float = dtype.is_floating_point
     if not is_float or supply is SupplyType.INTEGER:
         lo, hi = (0, 2) if dtype == torch.bool else ((-2, 3) if dtype.is_signed or is_float else (0, 4))
-        t = torch.randint(lo, hi, shape, generator=gen, device="cpu", dtype=torch.int64)
+        t = torch.randint(lo, hi, shape, generator=gen, device=device, dtype=torch.int64)
     elif supply is SupplyType.UNIFORM:
-        t = torch.rand(shape, generator=gen, device="cpu", dtype=torch.float32) * 2 - 1
+        t = torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * 2 - 1
     else:
-        t = torch.randn(shape, generator=gen, device="cpu", dtype=torch.float32)
+        t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
     return t.to(dtype=dtype, device=device)
 
 
@@ -106,10 +109,10 @@ def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, dev
     """One tensor per kernel parameter: generated inputs, poisoned outputs (at ``out_idx``)."""
     import torch
 
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)  # made where they are used: no host copy
     args = []
     for i, p in enumerate(params):
-        dtype = _torch_dtype(p.dtype)
+        dtype = torch_dtype(p.dtype)
         shape = _concrete_shape(p.shape, i)
         if i in out_idx:
             args.append(poison_(torch.empty(shape, dtype=dtype, device=device)))
@@ -167,7 +170,48 @@ def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: floa
     return CheckResult(ok, bad, total, detail)
 
 
-def run_reference(ref_prog: Callable[..., Any], inputs: Sequence[Any]) -> list[Any]:
-    """Call ``ref_prog`` on the inputs; always return a list of outputs."""
-    out = ref_prog(*inputs)
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+def run_reference(ref_prog: Callable[..., Any], inputs: Sequence[Any], n_outputs: int,
+                  out_shapes: Sequence[Sequence[int]]) -> list[Any]:
+    """Call ``ref_prog`` on ``inputs`` and return its outputs as a list.
+
+    A reference that raises, returns ``None``, or returns a different number or shape of outputs
+    than the kernel has is the problem's fault, not any candidate's: that is a
+    :class:`TuningInputError` naming the reference and carrying its exception.
+    """
+    name = getattr(ref_prog, "__qualname__", None) or repr(ref_prog)
+    shapes = [tuple(getattr(a, "shape", ())) for a in inputs]
+    try:
+        out = ref_prog(*inputs)
+    except Exception as e:  # noqa: BLE001 - the user's reference: re-raised as what it is
+        raise TuningInputError(
+            f"the reference program {name} raised {type(e).__name__}: {e} (called with {len(inputs)} inputs of "
+            f"shapes {shapes}); fix ref_prog, or check out_idx: the reference gets every non-output argument"
+        ) from e
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if out is None or any(o is None for o in outs):
+        raise TuningInputError(f"the reference program {name} returned None; it must return the kernel's output "
+                               f"tensor(s) ({n_outputs} for out_idx), e.g. `return A + B`")
+    if len(outs) != n_outputs:
+        raise TuningInputError(f"the reference program {name} returned {len(outs)} outputs, the kernel has "
+                               f"{n_outputs} (out_idx); return one tensor per output, in out_idx order")
+    for j, (o, shape) in enumerate(zip(outs, out_shapes)):
+        got = tuple(getattr(o, "shape", ()))
+        if got != tuple(shape):
+            raise TuningInputError(f"the reference program {name} returned output {j} of shape {got}, the kernel's "
+                                   f"output has shape {tuple(shape)}; fix ref_prog or out_idx")
+    return outs
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Whether two tensors hold the same bits (NaN equal to the same NaN, -0.0 unequal to 0.0)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    width = ints.get(a.element_size())
+    if width is None:  # complex128 and the like: compare as numbers
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(a.contiguous().view(width), b.contiguous().view(width)))

@@ -18,7 +18,7 @@ from typing import Any
 __all__ = ["METHOD", "Timing", "time_callable"]
 
 #: Part of the cache key: a change of timing method must not reuse old latencies.
-METHOD = "v1:cuda-events+l2-flush+median|cpu-perf_counter+median"
+METHOD = "v2:cuda-events+l2-flush+median|cpu-perf_counter+median|finalists-interleaved-rounds"
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100 50 MB, H200 60 MB, B200 126 MB)
 _flush_buf: Any = None
@@ -42,17 +42,34 @@ def _summary(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), samples[0], iqr, len(samples))
 
 
-def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str) -> Timing:
-    """Median latency of ``fn()`` in milliseconds over ``rep`` calls after ``warmup`` calls."""
+def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, mode: str = "burst",
+                  backend: str = "event", sustain_s: float = 2.0,
+                  prepare: Callable[[], Any] | None = None) -> Timing:
+    """Median latency of ``fn()`` in milliseconds over ``rep`` calls after ``warmup`` calls.
+
+    ``prepare()``, when given, runs before every call (warm-up calls too) outside the timed region:
+    it resets or restores the buffers of a kernel that accumulates into or updates its arguments.
+
+    ``mode="burst"`` (default): every call is timed on its own after an L2 flush, the way a kernel
+    runs after unrelated work, at whatever clock the GPU holds after a short rest. ``"sustained"``:
+    ``sustain_s`` seconds of back-to-back calls first, until the GPU sits at its power-capped steady
+    clock, then ``rep`` back-to-back calls, each timed, with no pause between them: the way a kernel
+    runs inside a busy model. ``backend="cudagraph"`` (CUDA only; TileLang's profiler, after
+    Triton's ``do_bench_cudagraph``): the calls are captured into a CUDA graph and replayed, so
+    launch overhead does not count; it suits kernels of a few microseconds.
+    """
     if rep < 1:
         raise ValueError(f"rep must be >= 1 timed call, got {rep!r}")
     if warmup < 0:
         raise ValueError(f"warmup must be >= 0 calls, got {warmup!r}")
+    call = fn if prepare is None else lambda: (prepare(), fn())
     if device == "cpu":
         for _ in range(warmup):
-            fn()
+            call()
         samples = []
         for _ in range(rep):
+            if prepare is not None:
+                prepare()
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
@@ -60,18 +77,55 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str) -> 
 
     import torch
 
+    if backend == "cudagraph":
+        if prepare is not None:
+            raise ValueError("backend='cudagraph' cannot reset or restore arguments between the calls of a "
+                             "graph; use backend='event' with reset_to_zero/restore_value")
+        from tilelang.profiler.bench import do_bench
+
+        for _ in range(warmup):
+            fn()
+        if mode == "sustained":
+            _heat(fn, sustain_s)
+        q = do_bench(fn, _n_warmup=1, _n_repeat=rep, backend="cudagraph", quantiles=[0.0, 0.25, 0.5, 0.75])
+        return Timing(q[2], q[0], q[3] - q[1], rep)
+
     global _flush_buf
     if _flush_buf is None or _flush_buf.device != torch.device(device):
         _flush_buf = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
     for _ in range(warmup):
-        fn()
+        call()
+    if mode == "sustained":
+        _heat(call, sustain_s)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     for i in range(rep):
-        _flush_buf.zero_()
+        if prepare is not None:
+            prepare()
+        if mode == "burst":
+            _flush_buf.zero_()
         starts[i].record()
         fn()
         ends[i].record()
     torch.cuda.synchronize()
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def _heat(call: Callable[[], Any], seconds: float) -> None:
+    """Call back to back for ``seconds`` of wall time (the queue kept short), so the GPU reaches the
+    clock it holds under sustained load (on an H200 it falls from 1980 to 1500-1650 MHz at its
+    700 W cap within a few seconds of GEMMs: docs/benchmarks.md, burst against sustained)."""
+    import torch
+
+    end = time.perf_counter() + seconds
+    queued = None
+    while time.perf_counter() < end:
+        for _ in range(8):
+            call()
+        done = torch.cuda.Event()
+        done.record()
+        if queued is not None:
+            queued.synchronize()  # one batch stays queued, so the GPU never waits for the host
+        queued = done
+    torch.cuda.synchronize()

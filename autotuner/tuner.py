@@ -2,86 +2,94 @@
 
 The flow of one :meth:`AutoTuner.run`:
 
-1. resolve the target in the parent (workers never touch the GPU);
-2. hash the problem into a key; a finished run under that key is a warm hit: load the stored
-   winner from TileLang's kernel cache and return, without compiling or timing anything else;
+1. check every setting, resolve the target in the parent (workers never touch the GPU);
+2. hash the problem into a key without running the user's kernel factory; a finished run under that
+   key is a warm hit only if its rows are sound, its winner is one of the configs asked for and
+   still elaborates to the PrimFunc it was tuned as, and, re-checked once against the reference,
+   is still right; otherwise the problem is tuned again;
 3. drop configs the optional ``validate`` callable rejects (status ``resource_error``);
 4. compile the rest on joblib workers with a per-candidate timeout (:mod:`.compile`), and, while
-   they compile, load each finished one in the parent, check it on NaN-poisoned outputs against
-   ``ref_prog`` and time it (:mod:`.check`, :mod:`.timing`);
-5. re-time the finalists back to back, once compilation no longer competes for the CPU;
+   they compile, check each finished one on pristine inputs and NaN-poisoned outputs against
+   ``ref_prog`` and time it, in a separate measuring process (:mod:`.bench`);
+5. re-time the finalists (every candidate within ``finalist_margin`` of the best) in interleaved
+   rounds once compilation no longer competes for the CPU, and pick on those rounds;
 6. record every trial in the database as it happens (:mod:`.cache`) and return a :class:`TuneResult`.
 
-A failing config is a result, never an exception: each trial has a typed ``status``.
+A failing config is a result, never an exception: each trial has a typed ``status``. User code
+runs in the parent only with a bound (:func:`_bounded`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import statistics
 import sys
+import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .bench import Bench, BenchSpec, IsolatedBench, TuningInputError
-from .cache import TuningDB, _function_fingerprint, tuning_key
-from .check import SupplyType, parse_supply_type
-from .compile import build, compile_all
-from .config import config_label, config_to_json, normalize_configs, split_config
+from .bench import Bench, BenchSpec, IsolatedBench, param_names, resolve_roles
+from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
+from .check import SupplyType, parse_supply_type, torch_dtype
+from .compile import compile_all, tl_compile
+from .config import config_label, merge_pass_configs, normalize_configs, split_config
+from .errors import TuningError, TuningInputError
+from .settings import TIMING_BACKENDS, check_out_idx, check_setting
 from .target import ResolvedTarget, resolve_target
 from .timing import METHOD
-from .trial import STATUSES, Trial
+from .trial import STATUSES, Status, Trial, error_headline
 
-__all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError"]
+__all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError", "TuningInputError"]
 
 logger = logging.getLogger(__name__)
-
-_FINALISTS = 3
-
-
-class TuningError(RuntimeError):
-    """No candidate survived; the message counts what failed and shows one error of each kind."""
 
 
 class TunedKernel:
     """The winning compiled kernel, called like a TileLang kernel compiled with ``out_idx``.
 
     Candidates are compiled with every buffer as an argument, so the tuner can hand them
-    NaN-poisoned outputs; this wrapper allocates the outputs named by ``out_idx`` and returns them.
-    Passing every buffer yourself also works (and returns ``None``). Other attributes
-    (``get_kernel_source()``...) come from the underlying ``tilelang`` ``JITKernel``.
+    NaN-poisoned outputs; this wrapper allocates the outputs named by ``out_idx`` (zeroed when
+    they are in ``reset_to_zero``) and returns them. It takes the arguments the reference takes:
+    every argument but the pure outputs (an output in ``restore_value`` is updated in place, so it
+    is passed in and returned). Passing every buffer yourself also works (and returns ``None``).
+    Other attributes (``get_kernel_source()``...) come from the underlying ``tilelang`` ``JITKernel``.
     """
 
-    def __init__(self, jit_kernel: Any, out_idx: list[int], device: str) -> None:
+    def __init__(self, jit_kernel: Any, out_idx: list[int], device: str, zero: list[int] | None = None,
+                 inout: list[int] | None = None) -> None:
         self.jit_kernel = jit_kernel
         self.out_idx = out_idx
+        self._zero = set(zero or [])
+        self._inout = set(inout or [])
         self._device = device
         self._specs = [(list(map(int, p.shape)), p.dtype) for p in jit_kernel.params]
 
     def __call__(self, *args: Any) -> Any:
-        from .check import _torch_dtype
-
         n = len(self._specs)
         if len(args) == n:
             self.jit_kernel(*args)
             return None
-        if len(args) != n - len(self.out_idx):
-            raise TypeError(f"kernel takes {n - len(self.out_idx)} inputs (or all {n} buffers), got {len(args)}")
+        n_in = n - len(self.out_idx) + len(self._inout)
+        if len(args) != n_in:
+            raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
         import torch
 
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device(self._device))
         it = iter(args)
         full, outs = [], []
         for i, (shape, dtype) in enumerate(self._specs):
-            if i in self.out_idx:
-                t = torch.empty(shape, dtype=_torch_dtype(dtype), device=device)
-                outs.append(t)
-                full.append(t)
+            if i in self.out_idx and i not in self._inout:
+                make = torch.zeros if i in self._zero else torch.empty
+                t = make(shape, dtype=torch_dtype(dtype), device=device)
             else:
-                full.append(next(it))
+                t = next(it)
+            full.append(t)
+            if i in self.out_idx:
+                outs.append(t)
         self.jit_kernel(*full)
         return outs[0] if len(outs) == 1 else outs
 
@@ -104,38 +112,61 @@ class TuneResult:
     target: str = ""
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def spread(self) -> float | None:
+        """The winner's spread over its interleaved rounds, ``(slowest - fastest) / median``."""
+        return next((t.spread for t in self.trials if t.config == self.config and t.status == Status.OK), None)
+
     def summary(self, file: Any = None) -> str:
         """Print (to stderr by default) and return a short table of every trial, fastest first."""
-        counts = Counter(t.status for t in self.trials)
+        counts = Counter(str(t.status) for t in self.trials)
+        spread = self.spread
         lines = [
             f"tuned {len(self.trials)} configs for {self.target} in {self.seconds:.1f} s"
             f"{' (from cache)' if self.from_cache else ''}: "
             + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s]),
             f"best {config_label(self.config)}: {self.latency:.4f} ms"
+            + (f" (spread {spread:.1%} over its rounds)" if spread is not None else "")
             + (f" (reference {self.ref_latency:.4f} ms)" if self.ref_latency else ""),
             f"{'status':<15}{'median ms':>11}{'min ms':>10}{'iqr ms':>9}{'compile s':>11}  config",
         ]
-        order = sorted(self.trials, key=lambda t: (t.status != "ok", t.median_ms or float("inf")))
+        order = sorted(self.trials, key=lambda t: (t.status != Status.OK, t.median_ms or float("inf")))
         for t in order:
             def f(v: float | None, w: int) -> str:
                 return f"{v:>{w}.4f}" if v is not None else " " * (w - 1) + "-"
 
-            err = f"  [{t.error.strip().splitlines()[-1][:60]}]" if t.error else ""
-            lines.append(f"{t.status:<15}{f(t.median_ms, 11)}{f(t.min_ms, 10)}{f(t.iqr_ms, 9)}"
+            head = error_headline(t.error, 80)
+            err = f"  [{head}]" if head else ""
+            lines.append(f"{str(t.status):<15}{f(t.median_ms, 11)}{f(t.min_ms, 10)}{f(t.iqr_ms, 9)}"
                          f"{f(t.compile_s, 11)}  {config_label(t.config)}{err}")
         text = "\n".join(lines)
         print(text, file=file or sys.stderr)
         return text
 
 
-def _normalize_out_idx(out_idx: Any) -> list[int] | None:
-    if out_idx is None:
-        return None
-    idx = [out_idx] if isinstance(out_idx, int) else list(out_idx)
-    for i in idx:
-        if not isinstance(i, int) or isinstance(i, bool):
-            raise TypeError(f"out_idx entries must be ints (negative counts from the end), got {i!r}")
-    return idx
+def _bounded(call: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Run user code in the parent with a bound: ``call()`` in a daemon thread, given up after ``timeout``.
+
+    The tuner must never hang on a kernel factory that does not return; a thread cannot be killed,
+    but the run goes on to a clear error and the thread dies with the process.
+    """
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the calling thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="tilecarve-user-code", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TuningError(f"{what} did not return within {timeout:g} s (compile_timeout); the kernel factory "
+                          "hangs for this config. Fix the factory, or raise compile_timeout if it is only slow")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class AutoTuner:
@@ -150,6 +181,8 @@ class AutoTuner:
                  validate: Callable[[dict[str, Any]], Any] | None = None) -> None:
         if not callable(fn):
             raise TypeError(f"kernel must be a callable returning a T.prim_func, got {fn!r}")
+        if validate is not None and not callable(validate):
+            raise TypeError(f"validate must be a callable returning reasons a config cannot run, got {validate!r}")
         self.fn = fn
         self.configs = normalize_configs(fn, configs)
         self.validate = validate
@@ -164,6 +197,8 @@ class AutoTuner:
         self.max_mismatched_ratio = 0.0
         self.compile_timeout = 300.0
         self.pass_configs: dict[str, Any] | None = None
+        self.reset_to_zero: tuple[int | str, ...] = ()
+        self.restore_value: tuple[int | str, ...] = ()
         self._profile_defaults: tuple[int | None, int | None] = (None, None)  # set_profile_args' warmup, rep
         # run options
         self.n_jobs: int | None = None
@@ -173,6 +208,13 @@ class AutoTuner:
         self.cache = True
         self.db_path: str | None = None
         self.progress = True
+        self.timing = "burst"
+        self.timing_backend = "event"
+        self.sustain_s = 0.5
+        self.finalist_margin = 0.03
+        self.finalist_rounds = 5
+        self.max_finalists = 8
+        self.recheck = True
 
     @classmethod
     def from_kernel(cls, kernel: Callable[..., Any], configs: Iterable[Mapping[str, Any]],
@@ -189,40 +231,48 @@ class AutoTuner:
                          ref_prog: Callable[..., Any] | None = None, skip_check: bool = False,
                          atol: float = 1e-2, rtol: float = 1e-2, max_mismatched_ratio: float = 0.0,
                          compile_timeout: float = 300.0, pass_configs: dict[str, Any] | None = None,
-                         ) -> AutoTuner:
+                         reset_to_zero: Iterable[int | str] | None = None,
+                         restore_value: Iterable[int | str] | None = None) -> AutoTuner:
         """Set how candidates are compiled and checked. Every argument is used:
 
-        * ``out_idx``: indices of the output buffers (negative from the end), as in TileLang.
+        * ``out_idx``: indices of the output buffers (negative from the end), as in TileLang. An
+          index out of range for the kernel is an error, never wrapped.
         * ``target``: ``"auto"`` (local GPU, else the CPU), ``"cuda"``, ``"c"``, a dict such as
           ``{"kind": "cuda", "arch": "sm_90a"}`` or a ``tvm.target.Target``.
         * ``supply_type``: input data, ``"normal"``, ``"uniform"``, ``"integer"`` or ``"auto"``
           (also TileLang's ``TensorSupplyType``).
-        * ``ref_prog``: reference; gets the inputs, returns the output(s).
+        * ``ref_prog``: reference; gets the inputs (every argument but the pure outputs), returns
+          the output(s). It runs on copies: a reference may change its inputs.
         * ``skip_check``: do not compare with ``ref_prog`` (outputs are still checked for NaN).
         * ``atol``, ``rtol``, ``max_mismatched_ratio``: an element passes if
           ``|out - ref| <= atol + rtol*|ref|``; a candidate passes if the fraction of failing
           elements is at most ``max_mismatched_ratio`` (default 0: none).
-        * ``compile_timeout``: seconds before one candidate's compile is killed.
+        * ``compile_timeout``: seconds before one candidate's compile is killed; also the bound on
+          elaborating a config in this process.
         * ``pass_configs``: TileLang pass configs for every candidate.
+        * ``reset_to_zero``, ``restore_value`` (as Triton's autotuner): arguments, by index or
+          buffer name, zeroed / restored to their generated values before every call, for kernels
+          that accumulate into an output (atomics) or update an argument in place. Every other
+          argument that is not an output must come back from each call bit for bit unchanged: a
+          candidate that writes to one is a ``mismatch`` naming it.
         """
-        self.out_idx = _normalize_out_idx(out_idx)
+        self.out_idx = check_out_idx(out_idx)
+        resolve_target(target)  # a bad target is refused here, not at run()
         self.target = target
         self.supply_type = parse_supply_type(supply_type)
         if ref_prog is not None and not callable(ref_prog):
             raise TypeError(f"ref_prog must be callable, got {ref_prog!r}")
         self.ref_prog = ref_prog
-        self.skip_check = bool(skip_check)
-        for name, v in (("atol", atol), ("rtol", rtol)):
-            if not isinstance(v, (int, float)) or v < 0:
-                raise ValueError(f"{name} must be a non-negative number, got {v!r}")
-        if not 0.0 <= max_mismatched_ratio <= 1.0:
-            raise ValueError(f"max_mismatched_ratio must be in [0, 1], got {max_mismatched_ratio!r}")
-        if not isinstance(compile_timeout, (int, float)) or compile_timeout <= 0:
-            raise ValueError(f"compile_timeout must be a positive number of seconds, got {compile_timeout!r}")
-        self.atol, self.rtol = float(atol), float(rtol)
-        self.max_mismatched_ratio = float(max_mismatched_ratio)
-        self.compile_timeout = float(compile_timeout)
+        self.skip_check = check_setting("skip_check", skip_check)
+        self.atol = check_setting("atol", atol)
+        self.rtol = check_setting("rtol", rtol)
+        self.max_mismatched_ratio = check_setting("max_mismatched_ratio", max_mismatched_ratio)
+        self.compile_timeout = check_setting("compile_timeout", compile_timeout)
+        if pass_configs is not None and not isinstance(pass_configs, Mapping):
+            raise TypeError(f"pass_configs must be a dict of TileLang pass configs, got {pass_configs!r}")
         self.pass_configs = dict(pass_configs) if pass_configs else None
+        self.reset_to_zero = _arg_names("reset_to_zero", reset_to_zero)
+        self.restore_value = _arg_names("restore_value", restore_value)
         return self
 
     def set_profile_args(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
@@ -233,69 +283,105 @@ class AutoTuner:
                          cache_input_tensors: bool = False, backend: str = "event") -> AutoTuner:
         """TileLang's newer signature. ``warmup``/``rep`` (counts) become :meth:`run`'s defaults,
         ``timeout`` becomes ``compile_timeout``; the check arguments mean what they mean in
-        :meth:`set_compile_args`. ``supply_prog``, ``manual_check_prog`` and a ``backend`` other
-        than ``"event"`` are not supported and are rejected rather than ignored.
+        :meth:`set_compile_args`; ``backend`` is the timing backend, ``"event"`` or ``"cudagraph"``.
+        ``supply_prog`` and ``manual_check_prog`` are not supported and are rejected rather than ignored.
         """
         for name, v in (("supply_prog", supply_prog), ("manual_check_prog", manual_check_prog)):
             if v is not None:
                 raise NotImplementedError(f"{name} is not supported by tilecarve's AutoTuner; use ref_prog")
-        if backend != "event":
-            raise NotImplementedError(f"backend={backend!r}: tilecarve times with CUDA events only ('event')")
+        if backend not in TIMING_BACKENDS:
+            raise ValueError(f"backend={backend!r}: tilecarve times with {list(TIMING_BACKENDS)}")
+        warmup = check_setting("warmup", warmup)
+        rep = check_setting("rep", rep)
+        timeout = check_setting("timeout", timeout)
+        check_setting("cache_input_tensors", cache_input_tensors)  # inputs are always made once per run
+        if ref_prog is not None and not callable(ref_prog):
+            raise TypeError(f"ref_prog must be callable, got {ref_prog!r}")
         self.supply_type = parse_supply_type(supply_type)
         self.ref_prog = ref_prog if ref_prog is not None else self.ref_prog
-        self.skip_check = bool(skip_check)
-        self.atol, self.rtol = float(atol), float(rtol)
-        if not 0.0 <= max_mismatched_ratio <= 1.0:
-            raise ValueError(f"max_mismatched_ratio must be in [0, 1], got {max_mismatched_ratio!r}")
-        self.max_mismatched_ratio = float(max_mismatched_ratio)
+        self.skip_check = check_setting("skip_check", skip_check)
+        self.atol = check_setting("atol", atol)
+        self.rtol = check_setting("rtol", rtol)
+        self.max_mismatched_ratio = check_setting("max_mismatched_ratio", max_mismatched_ratio)
         if timeout is not None:
-            self.compile_timeout = float(timeout)
+            self.compile_timeout = timeout
+        self.timing_backend = backend
         self._profile_defaults = (warmup, rep)
-        del cache_input_tensors  # inputs are always generated once per run and reused
         return self
 
     def set_tuning(self, n_jobs: int | None = None, cache: bool = True, db_path: str | None = None,
                    progress: bool = True, backend: str | None = None, isolate: bool = True,
-                   run_timeout: float = 120.0) -> AutoTuner:
-        """Parallelism (``n_jobs`` compile workers, default all cores, on joblib ``backend``: default
-        forked ``"multiprocessing"`` workers; ``"loky"``, or ``"dask"``/``"ray"`` with their joblib
-        integration registered, to go past one machine), whether to use the tuning database
-        (``cache``), where it lives (``db_path``; default :func:`autotuner.cache.cache_dir`) and
-        whether to show the progress bar. ``isolate`` (default) checks and times candidates in a
-        separate process, so a kernel that crashes or leaves a sticky CUDA error costs one trial;
-        ``run_timeout`` is how long one candidate may take to be checked and timed there."""
-        if n_jobs is not None and (not isinstance(n_jobs, int) or n_jobs == 0 or n_jobs < -1):
-            raise ValueError(f"n_jobs must be a positive int or -1 (all cores), got {n_jobs!r}")
-        self.n_jobs, self.cache, self.db_path, self.progress = n_jobs, bool(cache), db_path, bool(progress)
+                   run_timeout: float = 120.0, timing: str = "burst", timing_backend: str | None = None,
+                   sustain_s: float = 0.5, finalist_margin: float = 0.03, finalist_rounds: int = 5,
+                   max_finalists: int = 8, recheck: bool = True) -> AutoTuner:
+        """How the run is carried out.
+
+        * ``n_jobs`` compile workers (default all cores) on joblib ``backend`` (default forked
+          ``"multiprocessing"`` workers; ``"loky"``, or ``"dask"``/``"ray"`` with their joblib
+          integration registered, to go past one machine).
+        * ``cache``: use the tuning database, at ``db_path`` (default :func:`autotuner.cache.cache_dir`).
+        * ``progress``: the progress bar.
+        * ``isolate`` (default): check and time in a separate process, so a kernel that crashes or
+          leaves a sticky CUDA error costs one trial; ``run_timeout`` is how long one candidate may
+          take there.
+        * ``timing``: ``"burst"`` (each call timed alone after an L2 flush) or ``"sustained"`` (the
+          finalists are re-timed after ``sustain_s`` seconds of back-to-back calls, at the clock the
+          GPU holds under load). ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
+          a few microseconds, where launch overhead would dominate).
+        * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest, at most
+          ``max_finalists``, are re-timed in ``finalist_rounds`` interleaved rounds; the pick is the
+          lowest median over those rounds, and each finalist's spread is recorded.
+        * ``recheck``: a winner served from the database, or loaded again in this process, is
+          checked once against the reference before it is returned.
+        """
+        self.n_jobs = check_setting("n_jobs", n_jobs)
+        self.cache = check_setting("cache", cache)
+        if db_path is not None and not isinstance(db_path, (str, bytes)) and not hasattr(db_path, "__fspath__"):
+            raise TypeError(f"db_path must be a path, got {db_path!r}")
+        self.db_path = db_path
+        self.progress = check_setting("progress", progress)
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(f"backend must be a joblib backend name such as 'loky', got {backend!r}")
         self.backend = backend
-        if not isinstance(run_timeout, (int, float)) or run_timeout <= 0:
-            raise ValueError(f"run_timeout must be a positive number of seconds, got {run_timeout!r}")
-        self.isolate, self.run_timeout = bool(isolate), float(run_timeout)
+        self.isolate = check_setting("isolate", isolate)
+        self.run_timeout = check_setting("run_timeout", run_timeout)
+        self.timing = check_setting("timing", timing)
+        if timing_backend is not None:
+            self.timing_backend = check_setting("timing_backend", timing_backend)
+        self.sustain_s = check_setting("sustain_s", sustain_s)
+        self.finalist_margin = check_setting("finalist_margin", finalist_margin)
+        self.finalist_rounds = check_setting("finalist_rounds", finalist_rounds)
+        self.max_finalists = check_setting("max_finalists", max_finalists)
+        self.recheck = check_setting("recheck", recheck)
         return self
 
     # -----------------------------------------------------------------------------------------
 
-    def _elaborate(self, config: dict[str, Any]) -> Any:
-        return self.fn(**split_config(config)[0])
-
     def _settings(self, warmup: int, rep: int) -> dict[str, Any]:
+        """Every setting that changes the answer; the cache key is built from it."""
         return {
             "out_idx": self.out_idx, "supply": self.supply_type.value,
-            "ref_prog": _function_fingerprint(self.ref_prog, set(), 0) if self.ref_prog else None,
+            "ref_prog": function_fingerprint(self.ref_prog, set(), 0) if self.ref_prog else None,
             "skip_check": self.skip_check, "atol": self.atol, "rtol": self.rtol,
             "max_mismatched_ratio": self.max_mismatched_ratio, "pass_configs": self.pass_configs,
-            "warmup": warmup, "rep": rep, "timing": METHOD,
-            "validate": _function_fingerprint(self.validate, set(), 0) if self.validate else None,
+            "reset_to_zero": list(self.reset_to_zero), "restore_value": list(self.restore_value),
+            "warmup": warmup, "rep": rep, "timing": METHOD, "timing_mode": self.timing,
+            "timing_backend": self.timing_backend, "sustain_s": self.sustain_s,
+            "finalists": [self.finalist_margin, self.finalist_rounds, self.max_finalists],
+            "validate": function_fingerprint(self.validate, set(), 0) if self.validate else None,
         }
+
+    def _spec(self, target: ResolvedTarget, warmup: int, rep: int) -> BenchSpec:
+        return BenchSpec(self.fn, target.spec, target.device, self.pass_configs, self.out_idx, self.supply_type,
+                         self.ref_prog, self.skip_check, self.atol, self.rtol, self.max_mismatched_ratio, warmup,
+                         rep, self.reset_to_zero, self.restore_value, self.timing, self.timing_backend,
+                         self.sustain_s)
 
     def run(self, warmup: int | None = None, rep: int | None = None) -> TuneResult:
         """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms)."""
         dw, dr = self._profile_defaults
-        warmup = warmup if warmup is not None else (dw if dw is not None else 3)
-        rep = rep if rep is not None else (dr if dr is not None else 20)
-        for name, v, lo in (("warmup", warmup, 0), ("rep", rep, 1)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                raise ValueError(f"{name} is a number of calls and must be an int >= {lo}, got {v!r}")
+        warmup = check_setting("warmup", warmup if warmup is not None else (dw if dw is not None else 3))
+        rep = check_setting("rep", rep if rep is not None else (dr if dr is not None else 20))
         t_start = time.perf_counter()
         target = resolve_target(self.target)
         if not target.runnable:
@@ -303,131 +389,90 @@ class AutoTuner:
                 f"target {target.spec} cannot run here (local GPU: {target.device_name or 'none'}); tuning "
                 "needs to run candidates. Compile-only use: autotuner.compile.compile_all"
             )
-        prim_text = self._first_prim_text()
-        key = tuning_key(self.fn, self.configs, prim_text, target.key(), self._settings(warmup, rep))
+        if self.timing_backend == "cudagraph" and (self.reset_to_zero or self.restore_value):
+            raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
+                             "captures; use timing_backend='event' with reset_to_zero/restore_value")
+        key = tuning_key(self.fn, self.configs, target.key(), self._settings(warmup, rep))
+        spec = self._spec(target, warmup, rep)
         db = TuningDB(self.db_path) if self.cache else None
         try:
             if db is not None:
-                hit = self._from_cache(db, key, target, t_start)
+                hit = self._from_cache(db, key, target, spec, t_start)
                 if hit is not None:
                     return hit
-            return self._tune(db, key, target, warmup, rep, t_start)
+            return _Run(self, db, key, target, spec, t_start).tune()
         finally:
             if db is not None:
                 db.close()
-
-    def _first_prim_text(self) -> str:
-        """Script of the first config that elaborates: pins shapes and dtypes into the key."""
-        for cfg in self.configs[:8]:
-            try:
-                return self._elaborate(cfg).script()
-            except Exception:  # noqa: BLE001 - a config that fails to elaborate is a later compile_error
-                continue
-        return ""
 
     def _kernel_name(self) -> str:
         fn = getattr(self.fn, "func", self.fn)
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
-    def _load(self, config: dict[str, Any], target: ResolvedTarget) -> Any:
-        return build(self.fn, config, target.spec, self.pass_configs)
+    def _load(self, config: dict[str, Any], target: ResolvedTarget) -> tuple[Any, str]:
+        """Compile ``config`` in this process (a TileLang disk-cache hit when it was built before),
+        with the user's factory bounded by ``compile_timeout``; also return its PrimFunc's hash."""
+        kwargs, own = split_config(config)
+        what = f"{self._kernel_name()}({config_label(config)})"
+        func = _bounded(lambda: self.fn(**kwargs), self.compile_timeout, what)
+        return tl_compile(func, target.spec, merge_pass_configs(self.pass_configs, own)), prim_hash(func)
+
+    def _verified(self, jit: Any, spec: BenchSpec) -> str | None:
+        """Check a kernel once in this process: ``None`` if it is right, else why not."""
+        bench = Bench(replace(spec, warmup=0, rep=1))
+        try:
+            failed = bench.check(jit)
+        finally:
+            bench.close()
+        return None if failed is None else f"{failed[0]}: {error_headline(failed[1])}"
 
     def _wrap(self, jit: Any, target: ResolvedTarget) -> TunedKernel:
-        n = len(jit.params)
-        out_idx = [i % n for i in (self.out_idx or [])]
-        return TunedKernel(jit, out_idx, target.device)
+        out_idx, zero, restore = resolve_roles(self.out_idx, self.reset_to_zero, self.restore_value, param_names(jit))
+        return TunedKernel(jit, out_idx, target.device, zero, [i for i in restore if i in out_idx])
 
-    def _from_cache(self, db: TuningDB, key: str, target: ResolvedTarget, t_start: float) -> TuneResult | None:
-        stored = db.finished_run(key)
-        if stored is None or stored["best_config"] is None:
-            return None
-        trials = [Trial(json.loads(c), s, e, cs, med, mn, iqr) for _, c, s, e, cs, med, mn, iqr in stored["trials"]]
-        cfg = stored["best_config"]
-        jit = self._load(cfg, target)  # a TileLang disk-cache hit when the kernel cache is intact
-        logger.info("tuning cache hit %s: best %s at %.4f ms", key[:12], config_label(cfg), stored["best_latency_ms"])
-        return TuneResult(self._wrap(jit, target), cfg, stored["best_latency_ms"], stored["ref_latency_ms"],
-                          trials, True, key, time.perf_counter() - t_start, str(target.spec))
-
-    def _tune(self, db: TuningDB | None, key: str, target: ResolvedTarget, warmup: int, rep: int,
-              t_start: float) -> TuneResult:
-        from tqdm import tqdm  # a plain bar on stderr, also in notebooks
-
-        n = len(self.configs)
-        trials: list[Trial | None] = [None] * n
-        meta = {"warmup": warmup, "rep": rep, "n_jobs": self.n_jobs}
-        prior = db.open_run(key, self._kernel_name(), str(target.spec), n, meta) if db is not None else []
-
-        def record(i: int, trial: Trial) -> None:
-            trials[i] = trial
-            if db is not None:
-                db.record_trial(key, i, config_to_json(trial.config), trial.status, trial.error, trial.compile_s,
-                                trial.median_ms, trial.min_ms, trial.iqr_ms)
-            bar.update(1)
-            if trial.status != "ok":
-                logger.debug("config %s: %s %s", config_label(trial.config), trial.status, trial.error or "")
-
-        bar = tqdm(total=n, desc="tuning", unit="cfg", file=sys.stderr, disable=not self.progress, leave=False)
-        for i, c, st, err, cs, med, mn, iqr in prior:  # an interrupted run of the same problem: resume it
-            trials[i] = Trial(json.loads(c), st, err, cs, med, mn, iqr)
-            bar.update(1)
-        if prior:
-            logger.info("resuming an interrupted tuning run: %d of %d trials already recorded", len(prior), n)
-        to_compile = []
-        for i, cfg in enumerate(self.configs):
-            if trials[i] is not None:
-                continue
-            reasons = self._reasons(cfg)
-            if reasons:
-                record(i, Trial(cfg, "resource_error", "; ".join(reasons)))
-            else:
-                to_compile.append(i)
-
-        spec = BenchSpec(self.fn, target.spec, target.device, self.pass_configs,
-                         self.out_idx, self.supply_type, self.ref_prog, self.skip_check, self.atol, self.rtol,
-                         self.max_mismatched_ratio, warmup, rep)
-        bench: Bench | IsolatedBench = IsolatedBench(spec, self.run_timeout) if self.isolate else Bench(spec)
+    def _from_cache(self, db: TuningDB, key: str, target: ResolvedTarget, spec: BenchSpec,
+                    t_start: float) -> TuneResult | None:
+        """The stored winner, if every check passes; else ``None`` (with a warning saying why) to re-tune."""
         try:
-            for out in compile_all(self.fn, self.configs, to_compile, target.spec, timeout=self.compile_timeout,
-                                   n_jobs=self.n_jobs, pass_configs=self.pass_configs, backend=self.backend):
-                cfg = self.configs[out.index]
-                if out.status != "ok":
-                    record(out.index, Trial(cfg, out.status, out.error, out.seconds))
-                    continue
-                try:
-                    record(out.index, bench.measure(out.index, cfg, out.seconds))
-                except TuningInputError as e:
-                    raise TuningError(str(e)) from e
-            bar.close()
-            # finalists: re-time back to back now that compilation no longer competes for the CPU
-            ok = sorted((i for i, t in enumerate(trials) if t is not None and t.status == "ok"),
-                        key=lambda i: trials[i].median_ms)
-            for i in ok[:_FINALISTS] if len(ok) > 1 else []:
-                timing = bench.retime(i, trials[i].config)
-                if timing is None:
-                    continue
-                t = trials[i]
-                trials[i] = Trial(t.config, "ok", None, t.compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
-                if db is not None:
-                    db.record_trial(key, i, config_to_json(t.config), "ok", None, t.compile_s, timing.median_ms,
-                                    timing.min_ms, timing.iqr_ms)
-            ref_latency = bench.fetch_ref_latency()
-            done = [t for t in trials if t is not None]
-            ok_trials = [(i, t) for i, t in enumerate(trials) if t is not None and t.status == "ok"]
-            if not ok_trials:
-                if db is not None:
-                    db.finish_run(key, None, None, ref_latency)
-                raise TuningError(_failure_message(done, target))
-            best_i, best = min(ok_trials, key=lambda it: it[1].median_ms)
-            # the measuring process holds its own copy; here the winner is a TileLang disk-cache hit
-            in_bench = isinstance(bench, Bench) and bench.has_kernel(best_i)  # not if measured before a resume
-            jit = bench.kernel(best_i) if in_bench else self._load(best.config, target)
-        finally:
-            bar.close()
-            bench.close()
-        if db is not None:
-            db.finish_run(key, config_to_json(best.config), best.median_ms, ref_latency)
-        return TuneResult(self._wrap(jit, target), best.config, best.median_ms, ref_latency,
-                          done, False, key, time.perf_counter() - t_start, str(target.spec))
+            stored = db.finished_run(key)
+        except DamagedRow as e:
+            return _distrust(f"a damaged row ({e})")
+        if stored is None or stored.best_config is None:
+            return None
+        why = self._unsound(stored)
+        if why is not None:
+            return _distrust(why)
+        cfg = self.configs[self.configs.index(stored.best_config)]
+        jit, phash = self._load(cfg, target)
+        if phash != stored.best_prim:
+            return _distrust(f"the winner {config_label(cfg)} now elaborates to a different PrimFunc than the one "
+                             "tuned: code the kernel calls has changed")
+        if self.recheck:
+            failed = self._verified(jit, spec)
+            if failed is not None:
+                return _distrust(f"the stored winner {config_label(cfg)} fails its check again ({failed})")
+        logger.info("tuning cache hit %s: best %s at %.4f ms", key[:12], config_label(cfg), stored.best_latency_ms)
+        trials = [stored.trials[i] for i in sorted(stored.trials)]
+        return TuneResult(self._wrap(jit, target), cfg, stored.best_latency_ms, stored.ref_latency_ms, trials,
+                          True, key, time.perf_counter() - t_start, str(target.spec))
+
+    def _unsound(self, stored: StoredRun) -> str | None:
+        """Why a stored run cannot be what this tuner wrote for these configs, or ``None``."""
+        n = len(self.configs)
+        if set(stored.trials) != set(range(n)):
+            return f"its trials cover configs {sorted(stored.trials)[:10]}..., not the {n} asked for"
+        for i, t in stored.trials.items():
+            if t.config != self.configs[i]:
+                return f"trial {i} is for {t.config!r}, not configs[{i}] = {self.configs[i]!r}"
+        if stored.best_config not in self.configs:
+            return f"its best config {stored.best_config!r} is not one of the configs asked for"
+        best = stored.trials[self.configs.index(stored.best_config)]
+        if best.status != Status.OK or best.median_ms != stored.best_latency_ms:
+            return (f"its best config's trial is {best.status} at {best.median_ms!r} ms, "
+                    f"not ok at the stored {stored.best_latency_ms!r} ms")
+        if stored.best_prim is None:
+            return "it was stored without the winner's PrimFunc hash (an older tilecarve)"
+        return None
 
     def _reasons(self, cfg: dict[str, Any]) -> list[str]:
         if self.validate is None:
@@ -438,13 +483,177 @@ class AutoTuner:
         return [r] if isinstance(r, str) else [str(x) for x in r]
 
 
+def _distrust(why: str) -> None:
+    warnings.warn(f"not using the stored tuning result: {why}; tuning again", TuningCacheWarning, stacklevel=4)
+    return None
+
+
+def _arg_names(what: str, value: Iterable[int | str] | None) -> tuple[int | str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, (int, str)) else list(value)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TypeError(f"{what} entries must be argument indices or buffer names, got {v!r}")
+    return tuple(items)
+
+
+class _Run:
+    """One cold (or resumed) tuning run, step by step: :meth:`tune` reads as the module docstring."""
+
+    def __init__(self, tuner: AutoTuner, db: TuningDB | None, key: str, target: ResolvedTarget, spec: BenchSpec,
+                 t_start: float) -> None:
+        self.t, self.db, self.key, self.target, self.spec, self.t_start = tuner, db, key, target, spec, t_start
+        self.trials: list[Trial | None] = [None] * len(tuner.configs)
+        self.bar: Any = None
+
+    def tune(self) -> TuneResult:
+        from tqdm import tqdm  # a plain bar on stderr, also in notebooks
+
+        t = self.t
+        self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
+                        disable=not t.progress, leave=False)
+        bench: Bench | IsolatedBench = IsolatedBench(self.spec, t.run_timeout) if t.isolate else Bench(self.spec)
+        try:
+            to_compile = self._resume_and_validate()
+            self._compile_and_measure(bench, to_compile)
+            self.bar.close()
+            finalists = self._retime_finalists(bench)
+            ref_latency = bench.fetch_ref_latency()
+            best_i = self._pick(finalists, ref_latency)
+            jit, phash = self._winner_kernel(bench, best_i)
+        except TuningInputError:
+            if self.db is not None:
+                self.db.discard_run(self.key)  # the problem is wrong: nothing of this run is worth keeping
+            raise
+        finally:
+            self.bar.close()
+            bench.close()
+        best = self.trials[best_i]
+        if not (isinstance(bench, Bench) and bench.has_kernel(best_i)) and t.recheck:
+            failed = t._verified(jit, self.spec)  # loaded again here: check what is returned
+            if failed is not None:
+                raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails its "
+                                  f"check ({failed}); its factory does not give the same kernel twice")
+        if self.db is not None:
+            self.db.finish_run(self.key, best, ref_latency, phash)
+        done = [x for x in self.trials if x is not None]
+        return TuneResult(t._wrap(jit, self.target), best.config, best.median_ms, ref_latency, done, False,
+                          self.key, time.perf_counter() - self.t_start, str(self.target.spec))
+
+    def _record(self, i: int, trial: Trial) -> None:
+        self.trials[i] = trial
+        if self.db is not None:
+            self.db.record_trial(self.key, i, trial)
+        self.bar.update(1)
+        if trial.status != Status.OK:
+            logger.debug("config %s: %s %s", config_label(trial.config), trial.status, error_headline(trial.error))
+
+    def _resume_and_validate(self) -> list[int]:
+        """Take the trials an interrupted run already recorded (if sound), reject configs ``validate``
+        refuses, and return the indices left to compile."""
+        t, db = self.t, self.db
+        if db is not None:
+            db.open_run(self.key, t._kernel_name(), str(self.target.spec), len(t.configs),
+                        {"warmup": self.spec.warmup, "rep": self.spec.rep, "n_jobs": t.n_jobs})
+            try:
+                prior = db.trials(self.key)
+            except DamagedRow as e:
+                _distrust(f"a damaged trial row ({e}) in the interrupted run")
+                db.forget_trials(self.key, range(len(t.configs)))
+                prior = {}
+            bad = [i for i, tr in prior.items() if i >= len(t.configs) or tr.config != t.configs[i]]
+            if bad:
+                _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
+                db.forget_trials(self.key, bad)
+            for i, tr in prior.items():
+                if i not in bad:
+                    self.trials[i] = tr
+                    self.bar.update(1)
+            if len(prior) > len(bad):
+                logger.info("resuming an interrupted tuning run: %d of %d trials already recorded",
+                            len(prior) - len(bad), len(t.configs))
+        to_compile = []
+        for i, cfg in enumerate(t.configs):
+            if self.trials[i] is not None:
+                continue
+            reasons = t._reasons(cfg)
+            if reasons:
+                self._record(i, Trial(cfg, Status.RESOURCE_ERROR, "; ".join(reasons)))
+            else:
+                to_compile.append(i)
+        return to_compile
+
+    def _compile_and_measure(self, bench: Bench | IsolatedBench, indices: list[int]) -> None:
+        t = self.t
+        for out in compile_all(t.fn, t.configs, indices, self.target.spec, timeout=t.compile_timeout,
+                               n_jobs=t.n_jobs, pass_configs=t.pass_configs, backend=t.backend):
+            cfg = t.configs[out.index]
+            if out.status != Status.OK:
+                self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
+            else:
+                self._record(out.index, bench.measure(out.index, cfg, out.seconds))
+
+    def _retime_finalists(self, bench: Bench | IsolatedBench) -> list[int]:
+        """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
+        round times each finalist once, in a rotated order), so that drift in clocks or load between
+        two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
+        t = self.t
+        ok = sorted((i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK),
+                    key=lambda i: self.trials[i].median_ms)
+        if not ok or len(ok) < 2 and t.timing == "burst":
+            return ok
+        fastest = self.trials[ok[0]].median_ms if ok else 0.0
+        finalists = [i for i in ok if self.trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
+        finalists = (finalists if len(finalists) >= 2 else ok[:2])[: t.max_finalists]
+        rounds: dict[int, list[Any]] = {i: [] for i in finalists}
+        for r in range(t.finalist_rounds):
+            k = r % len(finalists)
+            for i in finalists[k:] + finalists[:k]:
+                if i in rounds:
+                    timing = bench.retime(i, self.trials[i].config)
+                    if timing is None:  # it died or hung when run again: not a kernel to return
+                        old = self.trials[i]
+                        self._record(i, Trial(old.config, Status.RUNTIME_ERROR, "died or hung when re-timed as a "
+                                              "finalist", old.compile_s))
+                        del rounds[i]
+                    else:
+                        rounds[i].append(timing)
+        for i, timings in rounds.items():
+            medians = [x.median_ms for x in timings]
+            med = statistics.median(medians)
+            old = self.trials[i]
+            self.trials[i] = Trial(old.config, Status.OK, None, old.compile_s, med, min(x.min_ms for x in timings),
+                                   statistics.median(x.iqr_ms for x in timings), len(timings),
+                                   (max(medians) - min(medians)) / med)
+            if self.db is not None:
+                self.db.record_trial(self.key, i, self.trials[i])
+        return list(rounds)
+
+    def _pick(self, finalists: list[int], ref_latency: float | None) -> int:
+        """The fastest finalist (all finalists were timed alike), or the fastest ok trial if none."""
+        pool = finalists or [i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK]
+        if not pool:
+            if self.db is not None:
+                self.db.finish_run(self.key, None, ref_latency)
+            raise TuningError(_failure_message([x for x in self.trials if x is not None], self.target))
+        return min(pool, key=lambda i: self.trials[i].median_ms)
+
+    def _winner_kernel(self, bench: Bench | IsolatedBench, i: int) -> tuple[Any, str]:
+        """The winner's kernel: the measured object when measuring ran here, else loaded again (a
+        TileLang disk-cache hit) and re-checked by the caller."""
+        if isinstance(bench, Bench) and bench.has_kernel(i):
+            jit = bench.kernel(i)
+            return jit, prim_hash(jit.prim_func)
+        return self.t._load(self.trials[i].config, self.target)
+
+
 def _failure_message(trials: list[Trial], target: ResolvedTarget) -> str:
-    counts = Counter(t.status for t in trials)
+    counts = Counter(str(t.status) for t in trials)
     lines = [f"no config survived tuning for {target.spec}: "
              + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])]
     for status in STATUSES:
         first = next((t for t in trials if t.status == status), None)
         if first is not None and first.error:
-            last = first.error.strip().splitlines()
-            lines.append(f"  first {status} ({config_label(first.config)}): {last[0][:300] if last else ''}")
+            lines.append(f"  first {status} ({config_label(first.config)}): {error_headline(first.error, 1000)}")
     return "\n".join(lines)

@@ -189,7 +189,7 @@ def test_bad_arguments_are_rejected_up_front(configs, args, exc, match):
 
 def test_run_counts_must_be_counts():
     t = AutoTuner.from_kernel(add, [dict(block_M=32)]).set_compile_args(target="c")
-    with pytest.raises(ValueError, match="rep is a number of calls"):
+    with pytest.raises(ValueError, match=r"rep must be >= 1 \(a number of calls"):
         t.run(warmup=1, rep=0)
 
 
