@@ -70,10 +70,10 @@ class TunedKernel:
 
     def __call__(self, *args: Any) -> Any:
         n = len(self._specs)
-        if len(args) == n:
+        n_in = n - len(self.out_idx) + len(self._inout)
+        if len(args) == n and n != n_in:
             self.jit_kernel(*args)
             return None
-        n_in = n - len(self.out_idx) + len(self._inout)
         if len(args) != n_in:
             raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
         import torch

@@ -1,0 +1,81 @@
+"""Hostile kernels for the trust tests (C target): they write to their inputs, accumulate into their
+outputs, update arguments in place, or change with a helper module. TileLang reads them through
+inspect, so they live in a file."""
+
+import time
+
+import tilelang.language as T
+from kernels import trust_helper
+
+M = 64
+N = 64
+
+
+def add_clobber(block_M: int = 32, block_N: int = 32, clobber: str = ""):
+    """C = A + B; then, for clobber="B" (or "A"), zero that input's tile after using it."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+            if clobber == "B":
+                for i, j in T.Parallel(block_M, block_N):
+                    B[by * block_M + i, bx * block_N + j] = 0.0
+            if clobber == "A":
+                for i, j in T.Parallel(block_M, block_N):
+                    A[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] * 0.5
+
+    return main
+
+
+def add_accumulate(block_M: int = 32, block_N: int = 32):
+    """C += A + B: correct only when C starts at zero (as an atomic-add kernel)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = C[by * block_M + i, bx * block_N + j] + A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+def scale_inplace(block_M: int = 32, block_N: int = 32):
+    """X = 2 * X + Y, in place on X."""
+
+    @T.prim_func
+    def main(X: T.Tensor((M, N), "float32"), Y: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                X[by * block_M + i, bx * block_N + j] = X[by * block_M + i, bx * block_N + j] * 2.0 + Y[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+def ref_scale(X, Y):
+    return X * 2 + Y
+
+
+def add_helper(block_M: int = 32, block_N: int = 32):
+    """C = A + B + trust_helper.bias(block_M); the factory hangs where trust_helper.hang_for says."""
+    while trust_helper.hang_for(block_M):
+        time.sleep(0.05)
+    bias = trust_helper.bias(block_M)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j] + bias
+
+    return main
+
+
+def add_loud(block_M: int = 32, block_N: int = 32):
+    """Fails to elaborate with a long message whose first words name the fault."""
+    raise ValueError("block_M=%d cannot work: the first line names the fault. " % block_M + "details " * 1200)
+
+
+def ref_add(A, B):
+    return A + B

@@ -1,0 +1,416 @@
+"""Trust: no fault may yield a wrong kernel, a hang or a misleading error (C target, so CI runs it).
+
+Each test stands for a class of fault from the hostile-input review (issue "Trust"), with a
+neighbour of the listed case where one exists.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import time
+import warnings
+
+import pytest
+import torch
+from kernels import trust_helper
+from kernels.c_kernels import add, add_failing
+from kernels.trust_kernels import (
+    add_accumulate,
+    add_clobber,
+    add_helper,
+    add_loud,
+    ref_add,
+    ref_scale,
+    scale_inplace,
+)
+
+from autotuner import AutoTuner, Status, Trial, TuneResult, TuningCacheError, TuningError, TuningInputError
+from autotuner.cache import TuningCacheWarning, TuningDB, cache_dir
+from autotuner.trial import error_headline, format_error
+
+A64 = (64, 64)
+
+
+def tuner(kernel, configs, isolate=False, **compile_args):
+    compile_args.setdefault("out_idx", [-1])
+    compile_args.setdefault("ref_prog", ref_add)
+    compile_args.setdefault("target", "c")
+    return (AutoTuner.from_kernel(kernel, configs).set_compile_args(**compile_args)
+            .set_tuning(n_jobs=1, isolate=isolate, progress=False))
+
+
+def db_rows(sql):
+    return sqlite3.connect(cache_dir() / "tuning.sqlite").execute(sql).fetchall()
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. a candidate that writes to its inputs; kernels that accumulate or update in place
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+@pytest.mark.parametrize("victim", ["B", "A"])
+def test_a_candidate_that_writes_an_input_is_a_mismatch_and_the_others_see_pristine_inputs(isolate, victim):
+    configs = [dict(block_M=32, clobber=victim), dict(block_M=16), dict(block_M=64)]
+    result = tuner(add_clobber, configs, isolate=isolate).run(1, 3)
+    status = [t.status for t in result.trials]
+    assert status == [Status.MISMATCH, Status.OK, Status.OK], result.trials
+    err = result.trials[0].error
+    assert f"({victim})" in err and "wrote to its input" in err and "restore_value" in err
+    assert result.config.get("clobber", "") == ""
+    a, b = torch.randn(A64), torch.randn(A64)
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
+def test_the_reference_may_change_its_inputs_without_harming_the_candidates():
+    def ref_that_scribbles(A, B):
+        out = A + B
+        A.zero_()
+        B.fill_(7.0)
+        return out
+
+    result = tuner(add_clobber, [dict(block_M=16), dict(block_M=32)], ref_prog=ref_that_scribbles).run(1, 3)
+    assert [t.status for t in result.trials] == [Status.OK, Status.OK], result.trials
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_accumulating_kernel_is_checked_and_timed_on_zeroed_outputs(isolate):
+    cfgs = [dict(block_M=16), dict(block_M=32)]
+    with pytest.raises(TuningError, match="2 mismatch"):  # on NaN-poisoned outputs it cannot pass
+        tuner(add_accumulate, cfgs).run(1, 3)
+    result = tuner(add_accumulate, cfgs, isolate=isolate, reset_to_zero=["C"]).run(2, 5)
+    assert [t.status for t in result.trials] == [Status.OK, Status.OK], result.trials
+    a, b = torch.randn(A64), torch.randn(A64)
+    torch.testing.assert_close(result.kernel(a, b), a + b)  # the returned kernel zeroes its output too
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
+def test_an_in_place_kernel_is_checked_on_restored_arguments():
+    cfgs = [dict(block_M=16), dict(block_M=32)]
+    result = tuner(scale_inplace, cfgs, out_idx=[0], ref_prog=ref_scale, restore_value=["X"]).run(2, 5)
+    assert [t.status for t in result.trials] == [Status.OK, Status.OK], result.trials
+    x, y = torch.randn(A64), torch.randn(A64)
+    want = 2 * x + y
+    torch.testing.assert_close(result.kernel(x, y), want)
+    # without restore_value, an argument updated in place is an input the kernel wrote to
+    bad = tuner(scale_inplace, cfgs, out_idx=[], ref_prog=None, skip_check=True)
+    with pytest.raises(TuningError, match=r"wrote to its input argument 0 \(X\)"):
+        bad.run(1, 2)
+
+
+def test_reset_and_restore_name_real_arguments():
+    with pytest.raises(TuningInputError, match="reset_to_zero names 'D'"):
+        tuner(add_accumulate, [dict(block_M=16)], reset_to_zero=["D"]).run(1, 2)
+    with pytest.raises(TypeError, match="reset_to_zero entries"):
+        tuner(add_accumulate, [dict(block_M=16)], reset_to_zero=[1.5])
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. a stale warm hit when code the kernel calls changes; 3. damaged or tampered rows
+
+
+def _tune_helper(**kw):
+    return tuner(add_helper, [dict(block_M=16), dict(block_M=32), dict(block_M=64)], **kw).run(1, 3)
+
+
+def test_a_helper_edited_for_the_winner_only_is_not_served_from_the_cache(monkeypatch):
+    first = _tune_helper()
+    assert _tune_helper().from_cache
+    winner = first.config["block_M"]
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 1.0 if block_M == winner else 0.0)
+    with pytest.warns(TuningCacheWarning, match="elaborates to a different PrimFunc"):
+        again = _tune_helper()
+    assert not again.from_cache and again.config["block_M"] != winner
+    assert {t.config["block_M"]: t.status for t in again.trials}[winner] == Status.MISMATCH
+    a, b = torch.randn(A64), torch.randn(A64)
+    torch.testing.assert_close(again.kernel(a, b), a + b)
+
+
+def test_a_warm_hit_is_checked_against_the_reference_once(monkeypatch):
+    """The key covers the reference; what it cannot see (here the database is told a different
+    winner's hash matches) the one check on the warm path still catches."""
+    _tune_helper()
+    import autotuner.tuner as tuner_mod
+
+    monkeypatch.setattr(tuner_mod, "prim_hash", lambda func: "same")
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    db.execute("UPDATE runs SET best_prim='same'")
+    db.commit()
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 1.0)  # every config is now wrong
+    with pytest.warns(TuningCacheWarning, match="fails its check again"), pytest.raises(TuningError, match="mismatch"):
+        _tune_helper()
+
+
+TAMPER = [
+    ("UPDATE runs SET best_config='{\"block_M\": 999}'", "not one of the configs"),
+    ("UPDATE runs SET best_config='not json'", "damaged row"),
+    ("UPDATE runs SET best_config='[1, 2]'", "damaged row"),
+    ("UPDATE runs SET best_latency_ms=-1", "damaged row"),
+    ("UPDATE trials SET status='mismatch' WHERE median_ms=(SELECT best_latency_ms FROM runs)", "not ok"),
+    ("UPDATE trials SET status='splendid'", "damaged row"),
+    ("UPDATE trials SET median_ms=0.0001 WHERE median_ms=(SELECT best_latency_ms FROM runs)", "not ok at the stored"),
+    ("UPDATE trials SET config='{\"block_M\": 64}' WHERE idx=0", "not configs[0]"),
+    ("DELETE FROM trials WHERE idx=1", "trials cover configs"),
+    ("UPDATE runs SET best_prim=NULL", "without the winner's PrimFunc hash"),
+]
+
+
+@pytest.mark.parametrize("sql, why", TAMPER)
+def test_a_tampered_row_is_ignored_with_a_warning_and_the_problem_retuned(sql, why):
+    first = _tune_helper()
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    db.execute(sql)
+    db.commit()
+    with pytest.warns(TuningCacheWarning, match=re.escape(why)):
+        again = _tune_helper()
+    assert not again.from_cache and again.key == first.key
+    assert [t.status for t in again.trials] == [Status.OK] * 3
+    assert _tune_helper().from_cache  # the re-tune stored a sound run again
+
+
+def test_resumed_trials_for_other_configs_are_measured_again():
+    cfgs = [dict(block_M=16), dict(block_M=32)]
+    r = tuner(add, cfgs).run(1, 2)
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    db.execute("UPDATE runs SET finished=NULL")  # as if interrupted
+    db.execute("UPDATE trials SET config='{\"block_M\": 8}' WHERE idx=1")
+    db.commit()
+    with pytest.warns(TuningCacheWarning, match=r"trials \[1\]"):
+        again = tuner(add, cfgs).run(1, 2)
+    assert [t.config for t in again.trials] == cfgs and again.config in cfgs and not again.from_cache
+    assert r.key == again.key
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. no user code in the parent without a bound
+
+
+def test_a_factory_that_hangs_for_the_first_config_costs_one_trial():
+    t0 = time.perf_counter()
+    result = tuner(add_failing, [dict(block_M=64, hang=True), dict(block_M=32)], out_idx=[-1],
+                   compile_timeout=4).run(1, 2)
+    assert time.perf_counter() - t0 < 60
+    assert [t.status for t in result.trials] == [Status.TIMEOUT, Status.OK]
+
+
+def test_a_factory_that_hangs_on_the_warm_path_ends_in_an_error_not_a_hang(monkeypatch):
+    first = _tune_helper(compile_timeout=3)
+    winner = first.config["block_M"]
+    monkeypatch.setattr(trust_helper, "hang_for", lambda block_M: block_M == winner)
+    t0 = time.perf_counter()
+    with pytest.raises(TuningError, match=r"did not return within 3 s"):
+        _tune_helper(compile_timeout=3)
+    assert time.perf_counter() - t0 < 30
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. a broken reference is the reference's fault
+
+
+def _raises(*a):
+    return 1 / 0
+
+
+BAD_REFS = [
+    (_raises, ZeroDivisionError, "raised ZeroDivisionError"),
+    (lambda A, B: None, type(None), "returned None"),
+    (lambda A, B: (A + B, A - B), type(None), "returned 2 outputs"),
+    (lambda A, B: (A + B)[:3], type(None), r"output 0 of shape \(3, 64\)"),
+    (lambda A: A, TypeError, "raised TypeError"),
+]
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+@pytest.mark.parametrize("ref, cause, match", BAD_REFS)
+def test_a_broken_reference_is_one_input_error_and_nothing_is_cached(isolate, ref, cause, match):
+    t = tuner(add_clobber, [dict(block_M=16), dict(block_M=32)], isolate=isolate, ref_prog=ref)
+    with pytest.raises(TuningInputError, match=match) as e:
+        t.run(1, 2)
+    assert "reference program" in str(e.value)
+    if cause is not type(None):
+        assert isinstance(e.value.__cause__, cause)
+    assert db_rows("SELECT COUNT(*) FROM trials") == [(0,)]
+    assert db_rows("SELECT COUNT(*) FROM runs") == [(0,)]
+
+
+def test_out_idx_out_of_range_is_refused_not_wrapped():
+    for out_idx in ([5], [-4], [0, -3]):
+        with pytest.raises(TuningInputError, match=r"out_idx|names parameter"):
+            tuner(add_clobber, [dict(block_M=16)], out_idx=out_idx).run(1, 2)
+    assert db_rows("SELECT COUNT(*) FROM trials") == [(0,)]
+
+
+# ---------------------------------------------------------------------------------------------
+# 8, 9. errors that name the real fault
+
+
+def test_tuning_error_keeps_the_exception_message_whole():
+    with pytest.raises(TuningError) as e:
+        tuner(add_loud, [dict(block_M=16), dict(block_M=32)]).run(1, 2)
+    text = str(e.value)
+    assert "2 compile_error" in text
+    assert "ValueError: block_M=16 cannot work: the first line names the fault." in text
+    assert "^^^" not in text and 'File "' not in text
+
+
+def test_error_headline_finds_the_compilers_own_line():
+    tvm_style = ("InternalError: Traceback (most recent call last):\n  5: tvm::codegen::Build\n  0: foo\n"
+                 "  File \"/src/codegen.cc\", line 12\nInternalError: Check failed: (x) is false: bad tile 48")
+    assert error_headline(tvm_style).endswith("InternalError: Check failed: (x) is false: bad tile 48")
+    nvcc_style = ("RuntimeError: Compilation error:\n/tmp/k.cu(41): error: identifier \"foo\" is undefined\n"
+                  "1 error detected")
+    head = error_headline(nvcc_style)
+    assert head.startswith("RuntimeError: Compilation error:") and 'error: identifier "foo" is undefined' in head
+    try:
+        raise ValueError("x" * 50000)
+    except ValueError as exc:
+        kept = format_error(exc)
+    assert kept.startswith("ValueError: xxx") and "characters cut" in kept and len(kept) < 25000
+    for blank in ("", "   ", "\n\n", None):
+        assert error_headline(blank) == ""
+
+
+def test_summary_survives_blank_and_odd_errors():
+    trials = [Trial(dict(block_M=16), Status.OK, None, 0.1, 1.0, 1.0, 0.0),
+              Trial(dict(block_M=32), Status.COMPILE_ERROR, "   ", 0.2),
+              Trial(dict(block_M=64), Status.MISMATCH, "\n\n", 0.2),
+              Trial(dict(block_M=8), Status.RUNTIME_ERROR, "", 0.2)]
+    r = TuneResult(None, dict(block_M=16), 1.0, None, trials, False, "k", 1.0, "c")
+    text = r.summary(file=open("/dev/null", "w"))
+    assert "compile_error" in text and "mismatch" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. settings refused up front, the same way through every setter
+
+
+BAD_SETTINGS = [
+    ("set_compile_args", dict(atol=math.nan), ValueError, "atol must be a finite number"),
+    ("set_compile_args", dict(rtol=-1e-3), ValueError, "rtol must be >= 0"),
+    ("set_compile_args", dict(atol="0.1"), TypeError, "atol must be a number"),
+    ("set_compile_args", dict(compile_timeout=math.inf), ValueError, "compile_timeout must be a finite"),
+    ("set_compile_args", dict(skip_check="no"), TypeError, "skip_check must be True or False"),
+    ("set_compile_args", dict(out_idx=[-1, -1]), ValueError, "names an output twice"),
+    ("set_compile_args", dict(out_idx=[1.0]), TypeError, "out_idx entries must be ints"),
+    ("set_compile_args", dict(out_idx="C"), TypeError, "out_idx must be an int or a list"),
+    ("set_compile_args", dict(target="nonsense"), ValueError, "unknown target 'nonsense'"),
+    ("set_profile_args", dict(timeout=0), ValueError, "timeout must be > 0"),
+    ("set_profile_args", dict(timeout=-5), ValueError, "timeout must be > 0"),
+    ("set_profile_args", dict(atol=math.nan), ValueError, "atol must be a finite number"),
+    ("set_profile_args", dict(warmup=-1), ValueError, "warmup must be >= 0"),
+    ("set_profile_args", dict(rep=2.5), TypeError, "rep must be an int"),
+    ("set_profile_args", dict(backend="cupti"), ValueError, "backend='cupti'"),
+    ("set_tuning", dict(n_jobs=True), TypeError, "n_jobs must be a number"),
+    ("set_tuning", dict(n_jobs=0), ValueError, "n_jobs must be a positive"),
+    ("set_tuning", dict(n_jobs=-2), ValueError, "n_jobs must be >= -1"),
+    ("set_tuning", dict(n_jobs=2.0), TypeError, "n_jobs must be an int"),
+    ("set_tuning", dict(run_timeout=0), ValueError, "run_timeout must be > 0"),
+    ("set_tuning", dict(run_timeout=math.nan), ValueError, "run_timeout must be a finite"),
+    ("set_tuning", dict(timing="fast"), ValueError, "timing must be one of"),
+    ("set_tuning", dict(timing_backend="cupti"), ValueError, "timing_backend must be one of"),
+    ("set_tuning", dict(finalist_margin=-0.1), ValueError, "finalist_margin must be >= 0"),
+    ("set_tuning", dict(finalist_rounds=0), ValueError, "finalist_rounds must be >= 1"),
+    ("set_tuning", dict(cache="yes"), TypeError, "cache must be True or False"),
+]
+
+
+@pytest.mark.parametrize("setter, kwargs, exc, match", BAD_SETTINGS)
+def test_bad_settings_are_refused_naming_the_value(setter, kwargs, exc, match):
+    t = AutoTuner.from_kernel(add, [dict(block_M=32)])
+    with pytest.raises(exc, match=match):
+        getattr(t, setter)(**kwargs)
+
+
+def test_run_counts_are_checked_by_the_same_validator():
+    t = AutoTuner.from_kernel(add, [dict(block_M=32)]).set_compile_args(target="c")
+    with pytest.raises(TypeError, match="warmup must be a number"):
+        t.run(warmup=True, rep=3)
+    with pytest.raises(ValueError, match="cudagraph"):
+        t.set_compile_args(target="c", reset_to_zero=["C"]).set_tuning(timing_backend="cudagraph").run(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. a damaged database or an unusable cache directory
+
+
+def _garbage(path):
+    path.write_bytes(b"this is not a database, it only has its name" * 100)
+
+
+def _truncated(path):
+    TuningDB(path).close()
+    good = tuner(add, [dict(block_M=16), dict(block_M=32)], ).set_tuning(n_jobs=1, isolate=False, progress=False,
+                                                                         db_path=str(path))
+    good.run(1, 2)
+    data = path.read_bytes()
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists():
+        wal.unlink()
+    path.write_bytes(data[: len(data) // 2 + 100])
+
+
+@pytest.mark.parametrize("damage", [_garbage, _truncated])
+def test_a_damaged_database_is_moved_aside_and_a_new_one_started(tmp_path, damage):
+    path = tmp_path / "tuning.sqlite"
+    damage(path)
+    before = path.read_bytes()
+    with pytest.warns(TuningCacheWarning, match="damaged") as w:
+        r = tuner(add, [dict(block_M=16)]).set_tuning(n_jobs=1, isolate=False, progress=False,
+                                                     db_path=str(path)).run(1, 2)
+    assert r.trials[0].status == Status.OK
+    aside = [p for p in tmp_path.iterdir() if ".damaged-" in p.name and not p.name.endswith(("-wal", "-shm"))]
+    assert len(aside) == 1 and aside[0].read_bytes() == before  # kept, byte for byte
+    msg = next(str(x.message) for x in w if issubclass(x.category, TuningCacheWarning))
+    assert str(path) in msg and str(aside[0]) in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TuningCacheWarning)
+        assert tuner(add, [dict(block_M=16)]).set_tuning(n_jobs=1, isolate=False, progress=False,
+                                                        db_path=str(path)).run(1, 2).from_cache
+
+
+def test_an_unusable_cache_directory_names_it_and_the_ways_out(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TILECARVE_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(TuningCacheError) as e:
+        tuner(add, [dict(block_M=16)]).run(1, 2)
+    assert str(blocker / "cache") in str(e.value) and "TILECARVE_CACHE_DIR" in str(e.value)
+    assert "cache=False" in str(e.value)
+    (tmp_path / "dir-db").mkdir()
+    with pytest.raises(TuningCacheError, match="dir-db"):
+        TuningDB(tmp_path / "dir-db")
+    r = tuner(add, [dict(block_M=16)]).set_tuning(n_jobs=1, isolate=False, progress=False, cache=False).run(1, 2)
+    assert r.trials[0].status == Status.OK
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement fidelity: finalists re-timed in interleaved rounds, the pick made on them
+
+
+def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_them(monkeypatch):
+    import autotuner.bench as bench_mod
+    from autotuner.timing import Timing
+
+    order: list[int] = []
+    real_measure = bench_mod.Bench.measure
+
+    def fake_measure(self, index, cfg, compile_s):  # all equally fast in the first pass
+        t = real_measure(self, index, cfg, compile_s)
+        return Trial(t.config, t.status, t.error, t.compile_s, 1.0, 1.0, 0.0)
+
+    def fake_retime(self, index, cfg):  # in rounds, config 2 is the fastest
+        order.append(index)
+        return Timing({0: 1.02, 1: 1.05, 2: 0.99, 3: 1.01}[index] + 0.001 * len(order) % 3, 0.9, 0.01, 5)
+
+    monkeypatch.setattr(bench_mod.Bench, "measure", fake_measure)
+    monkeypatch.setattr(bench_mod.Bench, "retime", fake_retime)
+    cfgs = [dict(block_M=bm) for bm in (8, 16, 32, 64)]
+    r = tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, finalist_rounds=3).run(1, 2)
+    assert r.config == dict(block_M=32)
+    assert len(order) == 12 and order[:4] != order[4:8]  # every finalist each round, in rotated order
+    assert all(t.rounds == 3 and t.spread is not None and t.spread >= 0 for t in r.trials)
+    assert r.spread == next(t.spread for t in r.trials if t.config == r.config)
+    assert r.latency == min(t.median_ms for t in r.trials)
+    warm = tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, finalist_rounds=3).run(1, 2)
+    assert warm.from_cache and warm.config == r.config and warm.trials[2].rounds == 3
