@@ -5,6 +5,7 @@ inspect, so they live in a file."""
 import time
 
 import tilelang.language as T
+
 from kernels import trust_helper
 
 M = 64
@@ -74,7 +75,7 @@ def add_helper(block_M: int = 32, block_N: int = 32):
 
 def add_loud(block_M: int = 32, block_N: int = 32):
     """Fails to elaborate with a long message whose first words name the fault."""
-    raise ValueError("block_M=%d cannot work: the first line names the fault. " % block_M + "details " * 1200)
+    raise ValueError(f"block_M={block_M} cannot work: the first line names the fault. " + "details " * 1200)
 
 
 def ref_add(A, B):
