@@ -12,12 +12,12 @@ M = 64
 N = 64
 
 
-def add_clobber(block_M: int = 32, block_N: int = 32, clobber: str = ""):
+def add_clobber(block_M: int = 32, block_N: int = 32, clobber: str = "", threads: int = 1):
     """C = A + B; then, for clobber="B" (or "A"), zero that input's tile after using it."""
 
     @T.prim_func
     def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             for i, j in T.Parallel(block_M, block_N):
                 C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
             if clobber == "B":
@@ -30,12 +30,12 @@ def add_clobber(block_M: int = 32, block_N: int = 32, clobber: str = ""):
     return main
 
 
-def add_accumulate(block_M: int = 32, block_N: int = 32):
+def add_accumulate(block_M: int = 32, block_N: int = 32, threads: int = 1):
     """C += A + B: correct only when C starts at zero (as an atomic-add kernel)."""
 
     @T.prim_func
     def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
-        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
             for i, j in T.Parallel(block_M, block_N):
                 C[by * block_M + i, bx * block_N + j] = C[by * block_M + i, bx * block_N + j] + A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
 
