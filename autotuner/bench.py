@@ -20,9 +20,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from .check import SupplyType, compare, make_args, poison_, run_reference, same_bits
+from .check import compare, make_args, poison_, run_reference, same_bits
 from .compile import (
     _cloudpickle,
     _restore_globals,
@@ -32,11 +32,11 @@ from .compile import (
     kernel_sources,
 )
 from .errors import TuningInputError
-from .settings import resolve_out_idx
+from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, time_callable
 from .trial import Status, Trial, format_error
 
-__all__ = ["Bench", "BenchSpec", "IsolatedBench", "param_names", "resolve_roles"]
+__all__ = ["Bench", "BenchSpec", "IsolatedBench", "Measurer", "make_measurer", "param_names", "resolve_roles"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,20 +49,8 @@ class BenchSpec:
     target_spec: Any
     device: str  # "cuda" or "cpu"
     pass_configs: dict[str, Any] | None
-    out_idx: list[int] | None
-    supply_type: SupplyType
-    ref_prog: Callable[..., Any] | None
-    skip_check: bool
-    atol: float
-    rtol: float
-    max_mismatched_ratio: float
-    warmup: int
-    rep: int
-    reset_to_zero: tuple[int | str, ...] = ()  # arguments zeroed before every call
-    restore_value: tuple[int | str, ...] = ()  # arguments restored to their generated values before every call
-    timing: str = "burst"
-    timing_backend: str = "event"
-    sustain_s: float = 2.0
+    check: CheckSettings
+    timing: TimingSettings
 
 
 def param_names(jit: Any) -> list[str]:
@@ -140,6 +128,21 @@ class _Case:
         return bad
 
 
+class Measurer(Protocol):
+    """What the tuner asks of the measuring side, in this process (:class:`Bench`) or isolated
+    (:class:`IsolatedBench`)."""
+
+    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
+
+    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None: ...
+
+    def fetch_ref_latency(self) -> float | None: ...
+
+    def local_kernel(self, index: int) -> Any | None: ...
+
+    def close(self) -> None: ...
+
+
 class Bench:
     """Measure candidates in this process."""
 
@@ -151,19 +154,20 @@ class Bench:
 
     def _case(self, jit: Any) -> _Case:
         """Inputs, pristine copies and reference outputs per distinct parameter signature, made once."""
-        s = self.spec
+        s, t = self.spec.check, self.spec.timing
+        device = self.spec.device
         sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
         if sig in self._cases:
             return self._cases[sig]
         names = param_names(jit)
         out_idx, zero, restore = resolve_roles(s.out_idx, s.reset_to_zero, s.restore_value, names)
         try:
-            args = make_args(jit.params, out_idx, s.supply_type, s.device)
+            args = make_args(jit.params, out_idx, s.supply_type, device)
         except (ValueError, TypeError) as e:
             raise TuningInputError(str(e)) from e
         for i in restore:  # restore_value outputs start from generated data, like inputs
             if i in out_idx:
-                args[i] = make_args([jit.params[i]], [], s.supply_type, s.device, seed=1000 + i)[0]
+                args[i] = make_args([jit.params[i]], [], s.supply_type, device, seed=1000 + i)[0]
         pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
         guarded = [i for i in pristine if i not in zero and i not in restore]
         refs = None
@@ -172,7 +176,7 @@ class Bench:
             refs = run_reference(s.ref_prog, ref_in, len(out_idx), [tuple(args[i].shape) for i in out_idx])
             if self.ref_latency is None:
                 ref = s.ref_prog
-                self.ref_latency = time_callable(lambda: ref(*ref_in), s.warmup, s.rep, s.device).median_ms
+                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, device).median_ms
         self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine, refs)
         return self._cases[sig]
 
@@ -203,10 +207,10 @@ class Bench:
                 "a kernel that updates an argument in place needs it in restore_value (or reset_to_zero)")
 
     def _time(self, jit: Any, case: _Case, mode: str) -> Timing:
-        s = self.spec
+        t = self.spec.timing
         prepare = (lambda: case.prepare(poison=False)) if case.zero or case.restore else None
-        return time_callable(lambda: jit(*case.args), s.warmup, s.rep, s.device, mode=mode,
-                             backend=s.timing_backend, sustain_s=s.sustain_s, prepare=prepare)
+        return time_callable(lambda: jit(*case.args), t.warmup, t.rep, self.spec.device, mode=mode,
+                             backend=t.timing_backend, sustain_s=t.sustain_s, prepare=prepare)
 
     def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         s = self.spec
@@ -237,14 +241,11 @@ class Bench:
         if index not in self._kernels:
             self._kernels[index] = build(self.spec.kernel, cfg, self.spec.target_spec, self.spec.pass_configs)
         jit = self._kernels[index]
-        return self._time(jit, self._case(jit), self.spec.timing)
+        return self._time(jit, self._case(jit), self.spec.timing.timing)
 
-    def has_kernel(self, index: int) -> bool:
-        return index in self._kernels
-
-    def kernel(self, index: int) -> Any:
-        """The loaded kernel of a measured candidate."""
-        return self._kernels[index]
+    def local_kernel(self, index: int) -> Any | None:
+        """The loaded kernel of a candidate measured in this process, or ``None``."""
+        return self._kernels.get(index)
 
     def fetch_ref_latency(self) -> float | None:
         return self.ref_latency
@@ -263,7 +264,7 @@ class Bench:
         """``None`` when the outputs pass, else why not."""
         import torch
 
-        s = self.spec
+        s = self.spec.check
         if refs is None or s.skip_check:
             for j, o in enumerate(outs):  # still catch unwritten outputs
                 if o.is_floating_point() and bool(torch.isnan(o).any()):
@@ -407,6 +408,10 @@ class IsolatedBench:
         self._raise_for(tag, reply)
         return reply if tag == "ok" else None
 
+    def local_kernel(self, index: int) -> Any | None:
+        """Never: candidates live in the measuring process; the caller loads the winner itself."""
+        return None
+
     def fetch_ref_latency(self) -> float | None:
         tag, reply = self._call(("ref_latency",), 60)
         self._raise_for(tag, reply)
@@ -425,3 +430,8 @@ class IsolatedBench:
             except subprocess.TimeoutExpired:
                 pass
         self._kill()
+
+
+def make_measurer(spec: BenchSpec, isolate: bool, run_timeout: float) -> Measurer:
+    """An isolated measuring process (the default), or measuring in this process."""
+    return IsolatedBench(spec, run_timeout) if isolate else Bench(spec)

@@ -1,20 +1,23 @@
-"""One validator for every setting the AutoTuner takes, whichever setter it comes through.
+"""The AutoTuner's settings: four frozen objects, each field checked by one validator.
 
-``set_compile_args``, ``set_profile_args`` and ``set_tuning`` all pass their values through
-:func:`check_setting`, so a setting means the same and is refused the same way everywhere: a NaN
-tolerance, a zero timeout or ``n_jobs=True`` is a ``ValueError``/``TypeError`` naming the setting,
-the value and what would be accepted.
+``set_compile_args``, ``set_profile_args``, ``set_tuning`` and ``run`` rebuild these objects
+(:class:`CheckSettings`, :class:`TimingSettings`, :class:`CompileSettings`, :class:`RunSettings`),
+and every field passes :func:`check_setting`, so a setting means the same and is refused the same
+way whichever setter it comes through: a NaN tolerance, a zero timeout or ``n_jobs=True`` is a
+``ValueError``/``TypeError`` naming the setting, the value and what would be accepted. The cache
+key takes every field not marked ``key=False`` (:func:`key_fields`).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["TIMING_BACKENDS", "TIMING_MODES", "check_out_idx", "check_setting", "resolve_out_idx"]
+__all__ = ["TIMING_BACKENDS", "TIMING_MODES", "CheckSettings", "CompileSettings", "RunSettings", "TimingSettings",
+           "check_out_idx", "check_setting", "key_fields", "resolve_out_idx"]
 
 TIMING_MODES = ("burst", "sustained")
 TIMING_BACKENDS = ("event", "cudagraph")
@@ -120,3 +123,126 @@ def resolve_out_idx(out_idx: list[int] | None, n_params: int, what: str = "out_i
             raise ValueError(f"{what} {out_idx!r} names parameter {j} twice (as {i} and another index); list it once")
         out.append(j)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the typed settings objects: built (and rebuilt by the setters) through check_setting
+
+
+def _keyed(default: Any, key: bool = True) -> Any:
+    """A settings field; ``key=False`` marks one that cannot change which config wins or its latency."""
+    return field(default=default, metadata={"key": key})
+
+
+def _validate(obj: Any, names: Sequence[str]) -> None:
+    for name in names:
+        object.__setattr__(obj, name, check_setting(name, getattr(obj, name)))
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """How a candidate is run and judged: its inputs, outputs and the reference it must match."""
+
+    out_idx: tuple[int, ...] | None = None
+    supply_type: Any = None  # a check.SupplyType
+    ref_prog: Callable[..., Any] | None = None
+    skip_check: bool = False
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    max_mismatched_ratio: float = 0.0
+    reset_to_zero: tuple[int | str, ...] = ()
+    restore_value: tuple[int | str, ...] = ()
+
+    def __post_init__(self) -> None:
+        from .check import parse_supply_type
+
+        _validate(self, ("skip_check", "atol", "rtol", "max_mismatched_ratio"))
+        out = check_out_idx(self.out_idx)
+        object.__setattr__(self, "out_idx", tuple(out) if out is not None else None)
+        object.__setattr__(self, "supply_type", parse_supply_type(self.supply_type))
+        if self.ref_prog is not None and not callable(self.ref_prog):
+            raise TypeError(f"ref_prog must be callable, got {self.ref_prog!r}")
+        for name in ("reset_to_zero", "restore_value"):
+            object.__setattr__(self, name, _arg_names(name, getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How candidates are timed and how the finalists are decided."""
+
+    warmup: int = 3
+    rep: int = 20
+    timing: str = "burst"
+    timing_backend: str = "event"
+    sustain_s: float = 0.5
+    finalist_margin: float = 0.03
+    finalist_rounds: int = 5
+    max_finalists: int = 8
+
+    def __post_init__(self) -> None:
+        _validate(self, [f.name for f in fields(self)])
+
+
+@dataclass(frozen=True)
+class CompileSettings:
+    """What candidates are built for and how long one build may take."""
+
+    target: Any = _keyed("auto", key=False)  # in the key as the resolved target, not as written
+    compile_timeout: float = _keyed(300.0, key=False)
+    pass_configs: tuple[tuple[str, Any], ...] | None = None
+
+    def __post_init__(self) -> None:
+        from .target import resolve_target
+
+        resolve_target(self.target)  # a bad target is refused when it is set, not at run()
+        _validate(self, ("compile_timeout",))
+        pc = self.pass_configs
+        if pc is not None and not isinstance(pc, (Mapping, tuple)):
+            raise TypeError(f"pass_configs must be a dict of TileLang pass configs, got {pc!r}")
+        object.__setattr__(self, "pass_configs", tuple(sorted(dict(pc).items())) if pc else None)
+
+    @property
+    def pass_config_dict(self) -> dict[str, Any] | None:
+        return dict(self.pass_configs) if self.pass_configs else None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the run is carried out: none of it changes which config wins."""
+
+    n_jobs: int | None = _keyed(None, key=False)
+    backend: str | None = _keyed(None, key=False)
+    isolate: bool = _keyed(True, key=False)
+    run_timeout: float = _keyed(120.0, key=False)
+    cache: bool = _keyed(True, key=False)
+    db_path: Any = _keyed(None, key=False)
+    progress: bool = _keyed(True, key=False)
+    recheck: bool = _keyed(True, key=False)
+
+    def __post_init__(self) -> None:
+        _validate(self, ("n_jobs", "isolate", "run_timeout", "cache", "progress", "recheck"))
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise TypeError(f"backend must be a joblib backend name such as 'loky', got {self.backend!r}")
+        if self.db_path is not None and not isinstance(self.db_path, (str, bytes)) and not hasattr(
+                self.db_path, "__fspath__"):
+            raise TypeError(f"db_path must be a path, got {self.db_path!r}")
+
+
+def key_fields(*settings: Any) -> dict[str, Any]:
+    """Every field of the settings objects that may change the answer, by name: the cache key's part.
+
+    Fields are in unless marked ``key=False``, so a new setting is in the key unless someone
+    decides, in its declaration, that it cannot change which config wins.
+    """
+    return {f"{type(s).__name__}.{f.name}": getattr(s, f.name) for s in settings for f in fields(s)
+            if f.metadata.get("key", True)}
+
+
+def _arg_names(what: str, value: Any) -> tuple[int | str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, (int, str)) else list(value)
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TypeError(f"{what} entries must be argument indices or buffer names, got {v!r}")
+    return tuple(items)

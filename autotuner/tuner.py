@@ -32,13 +32,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .bench import Bench, BenchSpec, IsolatedBench, param_names, resolve_roles
+from .bench import Bench, BenchSpec, Measurer, make_measurer, param_names, resolve_roles
 from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
-from .check import SupplyType, parse_supply_type, torch_dtype
+from .check import torch_dtype
 from .compile import compile_all, tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import TuningError, TuningInputError
-from .settings import TIMING_BACKENDS, check_out_idx, check_setting
+from .settings import (
+    TIMING_BACKENDS,
+    CheckSettings,
+    CompileSettings,
+    RunSettings,
+    TimingSettings,
+    check_setting,
+    key_fields,
+)
 from .target import ResolvedTarget, resolve_target
 from .timing import METHOD
 from .trial import STATUSES, Status, Trial, error_headline
@@ -186,35 +194,11 @@ class AutoTuner:
         self.fn = fn
         self.configs = normalize_configs(fn, configs)
         self.validate = validate
-        # compile args
-        self.out_idx: list[int] | None = None
-        self.target: Any = "auto"
-        self.supply_type = SupplyType.AUTO
-        self.ref_prog: Callable[..., Any] | None = None
-        self.skip_check = False
-        self.atol = 1e-2
-        self.rtol = 1e-2
-        self.max_mismatched_ratio = 0.0
-        self.compile_timeout = 300.0
-        self.pass_configs: dict[str, Any] | None = None
-        self.reset_to_zero: tuple[int | str, ...] = ()
-        self.restore_value: tuple[int | str, ...] = ()
+        self.check_settings = CheckSettings()
+        self.timing_settings = TimingSettings()
+        self.compile_settings = CompileSettings()
+        self.run_settings = RunSettings()
         self._profile_defaults: tuple[int | None, int | None] = (None, None)  # set_profile_args' warmup, rep
-        # run options
-        self.n_jobs: int | None = None
-        self.backend: str | None = None
-        self.isolate = True
-        self.run_timeout = 120.0
-        self.cache = True
-        self.db_path: str | None = None
-        self.progress = True
-        self.timing = "burst"
-        self.timing_backend = "event"
-        self.sustain_s = 0.5
-        self.finalist_margin = 0.03
-        self.finalist_rounds = 5
-        self.max_finalists = 8
-        self.recheck = True
 
     @classmethod
     def from_kernel(cls, kernel: Callable[..., Any], configs: Iterable[Mapping[str, Any]],
@@ -256,23 +240,9 @@ class AutoTuner:
           argument that is not an output must come back from each call bit for bit unchanged: a
           candidate that writes to one is a ``mismatch`` naming it.
         """
-        self.out_idx = check_out_idx(out_idx)
-        resolve_target(target)  # a bad target is refused here, not at run()
-        self.target = target
-        self.supply_type = parse_supply_type(supply_type)
-        if ref_prog is not None and not callable(ref_prog):
-            raise TypeError(f"ref_prog must be callable, got {ref_prog!r}")
-        self.ref_prog = ref_prog
-        self.skip_check = check_setting("skip_check", skip_check)
-        self.atol = check_setting("atol", atol)
-        self.rtol = check_setting("rtol", rtol)
-        self.max_mismatched_ratio = check_setting("max_mismatched_ratio", max_mismatched_ratio)
-        self.compile_timeout = check_setting("compile_timeout", compile_timeout)
-        if pass_configs is not None and not isinstance(pass_configs, Mapping):
-            raise TypeError(f"pass_configs must be a dict of TileLang pass configs, got {pass_configs!r}")
-        self.pass_configs = dict(pass_configs) if pass_configs else None
-        self.reset_to_zero = _arg_names("reset_to_zero", reset_to_zero)
-        self.restore_value = _arg_names("restore_value", restore_value)
+        self.check_settings = CheckSettings(out_idx, supply_type, ref_prog, skip_check, atol, rtol,
+                                            max_mismatched_ratio, reset_to_zero, restore_value)
+        self.compile_settings = CompileSettings(target, compile_timeout, pass_configs)
         return self
 
     def set_profile_args(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
@@ -291,21 +261,15 @@ class AutoTuner:
                 raise NotImplementedError(f"{name} is not supported by tilecarve's AutoTuner; use ref_prog")
         if backend not in TIMING_BACKENDS:
             raise ValueError(f"backend={backend!r}: tilecarve times with {list(TIMING_BACKENDS)}")
-        warmup = check_setting("warmup", warmup)
-        rep = check_setting("rep", rep)
-        timeout = check_setting("timeout", timeout)
+        warmup, rep = check_setting("warmup", warmup), check_setting("rep", rep)
         check_setting("cache_input_tensors", cache_input_tensors)  # inputs are always made once per run
-        if ref_prog is not None and not callable(ref_prog):
-            raise TypeError(f"ref_prog must be callable, got {ref_prog!r}")
-        self.supply_type = parse_supply_type(supply_type)
-        self.ref_prog = ref_prog if ref_prog is not None else self.ref_prog
-        self.skip_check = check_setting("skip_check", skip_check)
-        self.atol = check_setting("atol", atol)
-        self.rtol = check_setting("rtol", rtol)
-        self.max_mismatched_ratio = check_setting("max_mismatched_ratio", max_mismatched_ratio)
+        c = self.check_settings
+        self.check_settings = replace(c, supply_type=supply_type, skip_check=skip_check, atol=atol, rtol=rtol,
+                                      max_mismatched_ratio=max_mismatched_ratio,
+                                      ref_prog=ref_prog if ref_prog is not None else c.ref_prog)
         if timeout is not None:
-            self.compile_timeout = timeout
-        self.timing_backend = backend
+            self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))
+        self.timing_settings = replace(self.timing_settings, timing_backend=backend)
         self._profile_defaults = (warmup, rep)
         return self
 
@@ -334,67 +298,44 @@ class AutoTuner:
         * ``recheck``: a winner served from the database, or loaded again in this process, is
           checked once against the reference before it is returned.
         """
-        self.n_jobs = check_setting("n_jobs", n_jobs)
-        self.cache = check_setting("cache", cache)
-        if db_path is not None and not isinstance(db_path, (str, bytes)) and not hasattr(db_path, "__fspath__"):
-            raise TypeError(f"db_path must be a path, got {db_path!r}")
-        self.db_path = db_path
-        self.progress = check_setting("progress", progress)
-        if backend is not None and not isinstance(backend, str):
-            raise TypeError(f"backend must be a joblib backend name such as 'loky', got {backend!r}")
-        self.backend = backend
-        self.isolate = check_setting("isolate", isolate)
-        self.run_timeout = check_setting("run_timeout", run_timeout)
-        self.timing = check_setting("timing", timing)
-        if timing_backend is not None:
-            self.timing_backend = check_setting("timing_backend", timing_backend)
-        self.sustain_s = check_setting("sustain_s", sustain_s)
-        self.finalist_margin = check_setting("finalist_margin", finalist_margin)
-        self.finalist_rounds = check_setting("finalist_rounds", finalist_rounds)
-        self.max_finalists = check_setting("max_finalists", max_finalists)
-        self.recheck = check_setting("recheck", recheck)
+        self.run_settings = RunSettings(n_jobs, backend, isolate, run_timeout, cache, db_path, progress, recheck)
+        self.timing_settings = replace(
+            self.timing_settings, timing=timing, sustain_s=sustain_s, finalist_margin=finalist_margin,
+            finalist_rounds=finalist_rounds, max_finalists=max_finalists,
+            timing_backend=timing_backend if timing_backend is not None else self.timing_settings.timing_backend)
         return self
 
     # -----------------------------------------------------------------------------------------
 
-    def _settings(self, warmup: int, rep: int) -> dict[str, Any]:
-        """Every setting that changes the answer; the cache key is built from it."""
-        return {
-            "out_idx": self.out_idx, "supply": self.supply_type.value,
-            "ref_prog": function_fingerprint(self.ref_prog, set(), 0) if self.ref_prog else None,
-            "skip_check": self.skip_check, "atol": self.atol, "rtol": self.rtol,
-            "max_mismatched_ratio": self.max_mismatched_ratio, "pass_configs": self.pass_configs,
-            "reset_to_zero": list(self.reset_to_zero), "restore_value": list(self.restore_value),
-            "warmup": warmup, "rep": rep, "timing": METHOD, "timing_mode": self.timing,
-            "timing_backend": self.timing_backend, "sustain_s": self.sustain_s,
-            "finalists": [self.finalist_margin, self.finalist_rounds, self.max_finalists],
-            "validate": function_fingerprint(self.validate, set(), 0) if self.validate else None,
-        }
-
-    def _spec(self, target: ResolvedTarget, warmup: int, rep: int) -> BenchSpec:
-        return BenchSpec(self.fn, target.spec, target.device, self.pass_configs, self.out_idx, self.supply_type,
-                         self.ref_prog, self.skip_check, self.atol, self.rtol, self.max_mismatched_ratio, warmup,
-                         rep, self.reset_to_zero, self.restore_value, self.timing, self.timing_backend,
-                         self.sustain_s)
+    def _key_settings(self) -> dict[str, Any]:
+        """Every setting that may change the answer (:func:`key_fields`), functions by fingerprint."""
+        out = {name: function_fingerprint(v, set(), 0) if callable(v) else getattr(v, "value", v)
+               for name, v in key_fields(self.check_settings, self.timing_settings, self.compile_settings).items()}
+        out["timing_method"] = METHOD
+        out["validate"] = function_fingerprint(self.validate, set(), 0) if self.validate else None
+        return out
 
     def run(self, warmup: int | None = None, rep: int | None = None) -> TuneResult:
         """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms)."""
         dw, dr = self._profile_defaults
-        warmup = check_setting("warmup", warmup if warmup is not None else (dw if dw is not None else 3))
-        rep = check_setting("rep", rep if rep is not None else (dr if dr is not None else 20))
+        self.timing_settings = replace(self.timing_settings,
+                                       warmup=warmup if warmup is not None else (dw if dw is not None else 3),
+                                       rep=rep if rep is not None else (dr if dr is not None else 20))
         t_start = time.perf_counter()
-        target = resolve_target(self.target)
+        target = resolve_target(self.compile_settings.target)
         if not target.runnable:
             raise ValueError(
                 f"target {target.spec} cannot run here (local GPU: {target.device_name or 'none'}); tuning "
                 "needs to run candidates. Compile-only use: autotuner.compile.compile_all"
             )
-        if self.timing_backend == "cudagraph" and (self.reset_to_zero or self.restore_value):
+        c = self.check_settings
+        if self.timing_settings.timing_backend == "cudagraph" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
-        key = tuning_key(self.fn, self.configs, target.key(), self._settings(warmup, rep))
-        spec = self._spec(target, warmup, rep)
-        db = TuningDB(self.db_path) if self.cache else None
+        key = tuning_key(self.fn, self.configs, target.key(), self._key_settings())
+        spec = BenchSpec(self.fn, target.spec, target.device, self.compile_settings.pass_config_dict, c,
+                         self.timing_settings)
+        db = TuningDB(self.run_settings.db_path) if self.run_settings.cache else None
         try:
             if db is not None:
                 hit = self._from_cache(db, key, target, spec, t_start)
@@ -414,12 +355,13 @@ class AutoTuner:
         with the user's factory bounded by ``compile_timeout``; also return its PrimFunc's hash."""
         kwargs, own = split_config(config)
         what = f"{self._kernel_name()}({config_label(config)})"
-        func = _bounded(lambda: self.fn(**kwargs), self.compile_timeout, what)
-        return tl_compile(func, target.spec, merge_pass_configs(self.pass_configs, own)), prim_hash(func)
+        func = _bounded(lambda: self.fn(**kwargs), self.compile_settings.compile_timeout, what)
+        base = self.compile_settings.pass_config_dict
+        return tl_compile(func, target.spec, merge_pass_configs(base, own)), prim_hash(func)
 
     def _verified(self, jit: Any, spec: BenchSpec) -> str | None:
         """Check a kernel once in this process: ``None`` if it is right, else why not."""
-        bench = Bench(replace(spec, warmup=0, rep=1))
+        bench = Bench(replace(spec, timing=replace(spec.timing, warmup=0, rep=1)))
         try:
             failed = bench.check(jit)
         finally:
@@ -427,7 +369,8 @@ class AutoTuner:
         return None if failed is None else f"{failed[0]}: {error_headline(failed[1])}"
 
     def _wrap(self, jit: Any, target: ResolvedTarget) -> TunedKernel:
-        out_idx, zero, restore = resolve_roles(self.out_idx, self.reset_to_zero, self.restore_value, param_names(jit))
+        c = self.check_settings
+        out_idx, zero, restore = resolve_roles(c.out_idx, c.reset_to_zero, c.restore_value, param_names(jit))
         return TunedKernel(jit, out_idx, target.device, zero, [i for i in restore if i in out_idx])
 
     def _from_cache(self, db: TuningDB, key: str, target: ResolvedTarget, spec: BenchSpec,
@@ -447,7 +390,7 @@ class AutoTuner:
         if phash != stored.best_prim:
             return _distrust(f"the winner {config_label(cfg)} now elaborates to a different PrimFunc than the one "
                              "tuned: code the kernel calls has changed")
-        if self.recheck:
+        if self.run_settings.recheck:
             failed = self._verified(jit, spec)
             if failed is not None:
                 return _distrust(f"the stored winner {config_label(cfg)} fails its check again ({failed})")
@@ -488,16 +431,6 @@ def _distrust(why: str) -> None:
     return None
 
 
-def _arg_names(what: str, value: Iterable[int | str] | None) -> tuple[int | str, ...]:
-    if value is None:
-        return ()
-    items = [value] if isinstance(value, (int, str)) else list(value)
-    for v in items:
-        if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise TypeError(f"{what} entries must be argument indices or buffer names, got {v!r}")
-    return tuple(items)
-
-
 class _Run:
     """One cold (or resumed) tuning run, step by step: :meth:`tune` reads as the module docstring."""
 
@@ -510,10 +443,10 @@ class _Run:
     def tune(self) -> TuneResult:
         from tqdm import tqdm  # a plain bar on stderr, also in notebooks
 
-        t = self.t
+        t, rs = self.t, self.t.run_settings
         self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
-                        disable=not t.progress, leave=False)
-        bench: Bench | IsolatedBench = IsolatedBench(self.spec, t.run_timeout) if t.isolate else Bench(self.spec)
+                        disable=not rs.progress, leave=False)
+        bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
         try:
             to_compile = self._resume_and_validate()
             self._compile_and_measure(bench, to_compile)
@@ -530,13 +463,13 @@ class _Run:
             self.bar.close()
             bench.close()
         best = self.trials[best_i]
-        if not (isinstance(bench, Bench) and bench.has_kernel(best_i)) and t.recheck:
+        if phash is not None and rs.recheck:
             failed = t._verified(jit, self.spec)  # loaded again here: check what is returned
             if failed is not None:
                 raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails its "
                                   f"check ({failed}); its factory does not give the same kernel twice")
         if self.db is not None:
-            self.db.finish_run(self.key, best, ref_latency, phash)
+            self.db.finish_run(self.key, best, ref_latency, phash or prim_hash(jit.prim_func))
         done = [x for x in self.trials if x is not None]
         return TuneResult(t._wrap(jit, self.target), best.config, best.median_ms, ref_latency, done, False,
                           self.key, time.perf_counter() - self.t_start, str(self.target.spec))
@@ -554,8 +487,8 @@ class _Run:
         refuses, and return the indices left to compile."""
         t, db = self.t, self.db
         if db is not None:
-            db.open_run(self.key, t._kernel_name(), str(self.target.spec), len(t.configs),
-                        {"warmup": self.spec.warmup, "rep": self.spec.rep, "n_jobs": t.n_jobs})
+            meta = {"warmup": self.spec.timing.warmup, "rep": self.spec.timing.rep, "n_jobs": t.run_settings.n_jobs}
+            db.open_run(self.key, t._kernel_name(), str(self.target.spec), len(t.configs), meta)
             try:
                 prior = db.trials(self.key)
             except DamagedRow as e:
@@ -584,21 +517,22 @@ class _Run:
                 to_compile.append(i)
         return to_compile
 
-    def _compile_and_measure(self, bench: Bench | IsolatedBench, indices: list[int]) -> None:
-        t = self.t
-        for out in compile_all(t.fn, t.configs, indices, self.target.spec, timeout=t.compile_timeout,
-                               n_jobs=t.n_jobs, pass_configs=t.pass_configs, backend=t.backend):
+    def _compile_and_measure(self, bench: Measurer, indices: list[int]) -> None:
+        t, rs = self.t, self.t.run_settings
+        for out in compile_all(t.fn, t.configs, indices, self.target.spec,
+                               timeout=t.compile_settings.compile_timeout, n_jobs=rs.n_jobs,
+                               pass_configs=t.compile_settings.pass_config_dict, backend=rs.backend):
             cfg = t.configs[out.index]
             if out.status != Status.OK:
                 self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
             else:
                 self._record(out.index, bench.measure(out.index, cfg, out.seconds))
 
-    def _retime_finalists(self, bench: Bench | IsolatedBench) -> list[int]:
+    def _retime_finalists(self, bench: Measurer) -> list[int]:
         """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
         round times each finalist once, in a rotated order), so that drift in clocks or load between
         two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
-        t = self.t
+        t = self.t.timing_settings
         ok = sorted((i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK),
                     key=lambda i: self.trials[i].median_ms)
         if not ok or len(ok) < 2 and t.timing == "burst":
@@ -639,12 +573,12 @@ class _Run:
             raise TuningError(_failure_message([x for x in self.trials if x is not None], self.target))
         return min(pool, key=lambda i: self.trials[i].median_ms)
 
-    def _winner_kernel(self, bench: Bench | IsolatedBench, i: int) -> tuple[Any, str]:
-        """The winner's kernel: the measured object when measuring ran here, else loaded again (a
-        TileLang disk-cache hit) and re-checked by the caller."""
-        if isinstance(bench, Bench) and bench.has_kernel(i):
-            jit = bench.kernel(i)
-            return jit, prim_hash(jit.prim_func)
+    def _winner_kernel(self, bench: Measurer, i: int) -> tuple[Any, str | None]:
+        """The winner's kernel and, when it had to be loaded again here (a TileLang disk-cache hit),
+        its PrimFunc hash, so that the caller checks it; the measured object itself needs no check."""
+        jit = bench.local_kernel(i)
+        if jit is not None:
+            return jit, None
         return self.t._load(self.trials[i].config, self.target)
 
 

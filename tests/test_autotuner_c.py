@@ -197,7 +197,7 @@ def test_set_profile_args_newer_signature():
     t = (AutoTuner.from_kernel(add, [dict(block_M=32, block_N=32)])
          .set_compile_args(out_idx=[-1], target="c")
          .set_profile_args(warmup=1, rep=3, timeout=30, supply_type="integer", ref_prog=ref_add, atol=0, rtol=0))
-    assert t.compile_timeout == 30 and t.atol == 0
+    assert t.compile_settings.compile_timeout == 30 and t.check_settings.atol == 0
     result = t.set_tuning(n_jobs=1).run()
     assert result.trials[0].status == "ok"  # integers add exactly: zero tolerance passes
     with pytest.raises(NotImplementedError, match="supply_prog"):
