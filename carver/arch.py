@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 _KB = 1024
 _MB = 1024 * 1024
+_GB = 1024 * _MB
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ class GPUArch:
     ``tensor_peak`` is the dense tensor-core peak (FLOP/s) per input dtype with fp32 accumulation, the
     data-sheet number without sparsity; a dtype missing from it is not supported on this GPU.
     ``smem_per_block`` is the opt-in maximum of dynamic shared memory one block may request (227 KB on
-    Hopper, not the 48 KB default that TileLang's carver reads).
+    Hopper, not the 48 KB default that TileLang's carver reads). ``memory_bytes`` is the device memory
+    (None: unknown, then problems are bounded by :data:`carver.problem.MAX_DEVICE_BYTES`); a problem whose
+    tensors do not fit is refused when it is bound to this GPU.
     """
 
     name: str
@@ -77,6 +80,7 @@ class GPUArch:
     smem_reserved_per_block: int = 1024
     warp_size: int = 32
     tensor_instructions: tuple[TensorInstruction, ...] = field(default=(MMA_SYNC,))
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("sm_count", "smem_per_block", "smem_per_sm", "l2_bytes", "regs_per_sm",
@@ -84,6 +88,10 @@ class GPUArch:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"GPUArch.{name} must be a positive int, got {value!r}")
+        m = self.memory_bytes
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m <= 0):
+            raise ValueError(f"GPUArch.memory_bytes must be a positive int (bytes of device memory) or None, "
+                             f"got {m!r}")
         if not self.dram_bandwidth > 0:
             raise ValueError(f"GPUArch.dram_bandwidth must be > 0 bytes/s, got {self.dram_bandwidth!r}")
         if not self.tensor_peak:
@@ -139,29 +147,31 @@ _HOPPER = dict(compute_capability=(9, 0), smem_per_block=227 * _KB, smem_per_sm=
                tensor_instructions=(WGMMA, MMA_SYNC))
 _ADA = dict(compute_capability=(8, 9), smem_per_block=99 * _KB, smem_per_sm=100 * _KB,
             max_threads_per_sm=1536, max_blocks_per_sm=24)
+# Device memory: the data sheet's GB read as GiB, a little above what the driver reports, so the bound
+# refuses only what cannot fit (CUDA('cuda') overlays the exact total).
 
 #: The built-in table (data-sheet numbers, dense tensor peaks with fp32 accumulation).
 ARCHS: dict[str, GPUArch] = {a.name: a for a in (
     GPUArch("H100", sm_count=132, l2_bytes=50 * _MB, dram_bandwidth=3.35e12,
-            tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER),
+            tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER, memory_bytes=80 * _GB),
     GPUArch("H100-PCIe", sm_count=114, l2_bytes=50 * _MB, dram_bandwidth=2.0e12,
-            tensor_peak=_hopper_peaks(756.5e12), clock_mhz=1755, **_HOPPER),
+            tensor_peak=_hopper_peaks(756.5e12), clock_mhz=1755, **_HOPPER, memory_bytes=80 * _GB),
     GPUArch("H200", sm_count=132, l2_bytes=60 * _MB, dram_bandwidth=4.8e12,
-            tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER),
+            tensor_peak=_hopper_peaks(989.4e12), clock_mhz=1980, **_HOPPER, memory_bytes=141 * _GB),
     GPUArch("A100-40GB", compute_capability=(8, 0), sm_count=108, smem_per_block=163 * _KB,
             smem_per_sm=164 * _KB, l2_bytes=40 * _MB, dram_bandwidth=1.555e12,
-            tensor_peak=_ampere_peaks(312e12), clock_mhz=1410),
+            tensor_peak=_ampere_peaks(312e12), clock_mhz=1410, memory_bytes=40 * _GB),
     GPUArch("A100-80GB", compute_capability=(8, 0), sm_count=108, smem_per_block=163 * _KB,
             smem_per_sm=164 * _KB, l2_bytes=40 * _MB, dram_bandwidth=2.039e12,
-            tensor_peak=_ampere_peaks(312e12), clock_mhz=1410),
+            tensor_peak=_ampere_peaks(312e12), clock_mhz=1410, memory_bytes=80 * _GB),
     GPUArch("L40S", sm_count=142, l2_bytes=96 * _MB, dram_bandwidth=864e9,
-            tensor_peak=_ampere_peaks(362.05e12), clock_mhz=2520, **_ADA),
+            tensor_peak=_ampere_peaks(362.05e12), clock_mhz=2520, **_ADA, memory_bytes=48 * _GB),
     GPUArch("RTX4090", sm_count=128, l2_bytes=72 * _MB, dram_bandwidth=1008e9,
-            tensor_peak=_ampere_peaks(165.2e12), clock_mhz=2520, **_ADA),
+            tensor_peak=_ampere_peaks(165.2e12), clock_mhz=2520, **_ADA, memory_bytes=24 * _GB),
     GPUArch("RTX3090", compute_capability=(8, 6), sm_count=82, smem_per_block=99 * _KB,
             smem_per_sm=100 * _KB, l2_bytes=6 * _MB, dram_bandwidth=936e9,
             tensor_peak=_ampere_peaks(71e12), clock_mhz=1695, max_threads_per_sm=1536,
-            max_blocks_per_sm=16),
+            max_blocks_per_sm=16, memory_bytes=24 * _GB),
 )}
 
 # Aliases, keyed by the normalised spelling (lower case, alphanumerics only, no "nvidia"/"geforce").
@@ -255,6 +265,7 @@ def _local_device(index: int) -> GPUArch:
                                or base.max_threads_per_sm),
         tensor_peak=tuple((d, f * scale) for d, f in base.tensor_peak),
         clock_mhz=int(getattr(props, "clock_rate", 0) or 0) // 1000 or base.clock_mhz,  # kHz when present
+        memory_bytes=int(getattr(props, "total_memory", 0) or 0) or base.memory_bytes,
     )
     arch = dataclasses.replace(base, **overlay)
     logger.info("CUDA('cuda'): %s, %d SMs, %d KB smem/block, %d MB L2", arch.name, arch.sm_count,

@@ -27,8 +27,8 @@ from .arch import CUDA, GPUArch
 from .hint import Hint, NoRasterization, Rasterization2DRow
 from .lowering import ConfigArrays, Lowering, lower
 from .model import ModelConstants, Terms, constants_for, predict_arrays
-from .problem import MatmulProblem
-from .validity import RULES, check_matmul_config, legal_mask, normalize_config
+from .problem import MatmulProblem, check_device_bytes, positive_int
+from .validity import check_matmul_config, explain_no_legal_config, legal_mask, normalize_config
 
 __all__ = [
     "DroppedConfig",
@@ -125,6 +125,8 @@ class MatmulTemplate:
                  arch: GPUArch | str | None = None, constants: ModelConstants | None = None) -> None:
         self.problem = MatmulProblem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
         self.arch: GPUArch | None = None if arch is None else CUDA(arch)
+        if self.arch is not None:
+            check_device_bytes(self.problem.operand_bytes, f"the GEMM {self.problem.describe()}", self.arch)
         self._constants = constants
         self._hints: list[Hint] | None = None
 
@@ -180,8 +182,7 @@ class MatmulTemplate:
         if cfg is None:
             raise ValueError("; ".join(problems))
         lw, t = self._terms(ConfigArrays.from_configs([cfg]))
-        errors = tuple(r.message(self.problem, self.arch, lw, 0) for r in RULES
-                       if bool(r.broken(self.problem, self.arch, lw)[0]))
+        errors = tuple(check_matmul_config(self.problem, cfg, self.arch))
         return self._prediction(lw, t, 0, errors)
 
     def rank(self, configs: Iterable[Mapping[str, Any]]) -> Ranking:
@@ -198,6 +199,7 @@ class MatmulTemplate:
         if not good:
             return Ranking((), tuple(dropped))
         lw, t = self._terms(ConfigArrays.from_configs(good))
+        _check_latencies(t.latency_us, self.problem)
         order = sorted(range(len(good)), key=lambda i: (float(t.latency_us[i]), i))
         ranked = tuple(RankedConfig(_public(good[i]), self._prediction(lw, t, i))
                        for i in order)
@@ -237,8 +239,7 @@ class MatmulTemplate:
         shape (or be >1% better than the same tile already chosen). Rasterization on/off twins that the
         model cannot tell apart count once. ``recommend_hints(k)`` is a prefix of ``recommend_hints(k+1)``.
         """
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-            raise ValueError(f"topk must be a positive int, got {topk!r}")
+        topk = positive_int(topk, "topk")
         if self._hints is not None and len(self._hints) >= topk:
             return list(self._hints[:topk])
         arch = self._need_arch()
@@ -249,9 +250,10 @@ class MatmulTemplate:
         lw_all = lower(self.problem, arch, space)
         keep = np.flatnonzero(legal_mask(self.problem, arch, lw_all))
         if keep.size == 0:
-            raise ValueError(f"no legal config for {self.problem.describe()} on {arch.name}")
+            raise ValueError(explain_no_legal_config(self.problem, arch, lw_all))
         cfgs = ConfigArrays(*(getattr(space, f)[keep] for f in ConfigArrays.__dataclass_fields__))
         lw, t = self._terms(cfgs)
+        _check_latencies(t.latency_us, self.problem)
         lat = np.round(t.latency_us, 6)
         outside = ~self._calibrated(cfgs)
         # Order by predicted latency, but an extrapolated config must be predicted EXTRAPOLATION_MARGIN
@@ -311,6 +313,13 @@ class MatmulTemplate:
                     rstep=(int(c.block_K[i]),), pipeline_stage=int(c.num_stages[i]),
                     threads=int(c.thread_num[i]), rasterization_plan=raster, split_k=int(c.split_k[i]),
                     prediction=self._prediction(lw, t, i))
+
+
+def _check_latencies(latency_us: np.ndarray, problem: MatmulProblem) -> None:
+    """A ranking by negative or infinite latencies would be silently wrong: that is a bug, not a result."""
+    if latency_us.size and not bool(np.all(np.isfinite(latency_us) & (latency_us > 0))):
+        raise RuntimeError(f"carver bug: the model predicted a non-positive or non-finite latency for "
+                           f"{problem.describe()} ({latency_us.min()} us); please report it with the shape")
 
 
 def _public(cfg: dict) -> dict:

@@ -1,17 +1,36 @@
-"""The problem a template describes (shapes, dtypes, layouts), checked once at the API edge."""
+"""The problem a template describes (shapes, dtypes, layouts), checked once at the API edge.
+
+Every shape that enters the carver or a template goes through :func:`shape_dim` and
+:func:`check_device_bytes`, so a size no GPU can hold is refused here, with the value and the fix,
+instead of overflowing int64 deep inside the model (a 2**40 cube used to rank with negative latencies).
+"""
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 __all__ = [
     "DTYPE_BYTES",
+    "INT32_MAX",
+    "MAX_DEVICE_BYTES",
     "MatmulProblem",
     "canonical_dtype",
+    "check_device_bytes",
     "dtype_bytes",
     "flag",
+    "int_in_range",
+    "is_bool",
     "positive_int",
+    "shape_dim",
 ]
+
+#: TileLang indexes tensors with int32: a dimension above this does not compile.
+INT32_MAX = 2**31 - 1
+#: The bound on a problem's bytes when no GPU is named: 1 TiB, several times the memory of the largest GPU
+#: there is (288 GB in 2026). With an arch, its ``memory_bytes`` is the bound instead. It also keeps every
+#: product the model forms (M*N*K <= 2**60) inside int64.
+MAX_DEVICE_BYTES = 2**40
 
 #: Bytes per element of every dtype the carver knows.
 DTYPE_BYTES: dict[str, int] = {
@@ -39,17 +58,70 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[canonical_dtype(dtype)]
 
 
-def positive_int(value: object, what: str) -> int:
-    """``value`` if it is a positive int (not a bool), else a ValueError that names ``what``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
+def is_bool(value: object) -> bool:
+    """A Python or numpy bool (numpy 2 names its type ``numpy.bool``, numpy 1 ``numpy.bool_``)."""
+    return isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"))
+
+
+def _is_int(value: object) -> bool:
+    """A Python or numpy integer, but not a bool (``True`` is an int to Python, never a size here)."""
+    return isinstance(value, numbers.Integral) and not is_bool(value)
+
+
+def int_in_range(value: object, what: str, lo: int, hi: int, *, meaning: str = "", too_big: str = "",
+                 fix: str = "", kind: str | None = None) -> int:
+    """``int(value)`` if it is an integer (numpy ints too, never a bool) in ``[lo, hi]``, else a ValueError
+    that names ``what`` and the value: ``kind`` says what is wanted ("a positive int"), ``meaning``
+    explains the key, ``too_big`` why ``hi`` is the limit, ``fix`` what to pass instead."""
+    kind = kind or ("a positive int" if lo == 1 else f"an int >= {lo}")
+    meaning = f" ({meaning})" if meaning else ""
+    fix = f"; {fix}" if fix else ""
+    if not _is_int(value):
+        raise ValueError(f"{what} must be {kind}, got {value!r}: it must be an int, not a "
+                         f"{type(value).__name__}{meaning}{fix}")
+    if value < lo:
+        raise ValueError(f"{what} must be {kind}, got {value!r}{meaning}{fix}")
+    if value > hi:
+        too_big = f" ({too_big})" if too_big else ""
+        raise ValueError(f"{what} must be at most {hi}, got {value!r}{too_big}{fix}")
+    return int(value)
+
+
+def positive_int(value: object, what: str, hi: int | None = None) -> int:
+    """``int(value)`` if it is a positive integer (numpy ints too, not a bool) and at most ``hi``,
+    else a ValueError that names ``what``."""
+    return int_in_range(value, what, 1, hi if hi is not None else 2**63 - 1)
+
+
+def shape_dim(value: object, what: str) -> int:
+    """One tensor dimension: a positive integer TileLang can index (at most 2**31 - 1)."""
+    return int_in_range(value, what, 1, INT32_MAX,
+                        too_big="2**31 - 1: TileLang indexes tensors with int32; split the problem along "
+                                f"{what} into pieces of at most that size")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_device_bytes(needed: int, what: str, arch: object = None) -> None:
+    """Refuse a problem whose tensors need more bytes than the GPU has (``arch.memory_bytes`` when the
+    arch says, else :data:`MAX_DEVICE_BYTES`, more than any GPU has)."""
+    limit = getattr(arch, "memory_bytes", None)
+    if limit:
+        if needed > limit:
+            raise ValueError(f"{what} needs {needed} bytes ({_gib(needed)}), over the {_gib(limit)} of device "
+                             f"memory of {getattr(arch, 'name', 'this GPU')}; use a GPU with more memory or "
+                             f"split the problem into smaller ones")
+    elif needed > MAX_DEVICE_BYTES:
+        raise ValueError(f"{what} needs {needed} bytes ({_gib(needed)}), more than any GPU holds (the carver's "
+                         f"bound is {_gib(MAX_DEVICE_BYTES)}); split the problem into smaller ones")
 
 
 def flag(value: object, what: str) -> bool:
     """``value`` as a bool if it is one (numpy bools too), else a TypeError that names ``what``."""
     # A string "False" is truthy and would silently flip a layout.
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+    if not is_bool(value):
         raise TypeError(f"{what} must be a bool, got {value!r} of type {type(value).__name__}")
     return bool(value)
 
@@ -70,7 +142,7 @@ class MatmulProblem:
 
     def __post_init__(self) -> None:
         for name in ("M", "N", "K"):
-            positive_int(getattr(self, name), name)
+            object.__setattr__(self, name, shape_dim(getattr(self, name), name))
         object.__setattr__(self, "in_dtype", canonical_dtype(self.in_dtype, "in_dtype"))
         object.__setattr__(self, "out_dtype", canonical_dtype(self.out_dtype, "out_dtype"))
         object.__setattr__(self, "accum_dtype", canonical_dtype(self.accum_dtype, "accum_dtype"))
@@ -78,6 +150,12 @@ class MatmulProblem:
         object.__setattr__(self, "trans_B", flag(self.trans_B, "trans_B"))
         if self.accum_dtype not in ("float32", "float16", "int32"):
             raise ValueError(f"accum_dtype must be float32 (or float16 / int32), got {self.accum_dtype!r}")
+        check_device_bytes(self.operand_bytes, f"the GEMM {self.describe()}")
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes of A, B and C together: what the GPU must hold to run it."""
+        return (self.M * self.K + self.N * self.K) * self.in_bytes + self.M * self.N * self.out_bytes
 
     @property
     def in_bytes(self) -> int:

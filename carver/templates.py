@@ -23,7 +23,7 @@ from .arch import CUDA, GPUArch
 from .hint import NoRasterization
 from .matmul import DroppedConfig, RankedConfig, Ranking
 from .model import ModelConstants, constants_for
-from .problem import canonical_dtype, dtype_bytes
+from .problem import INT32_MAX, canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, positive_int, shape_dim
 
 __all__ = [
     "ElementwiseTemplate",
@@ -103,9 +103,18 @@ class _MemoryBoundTemplate:
 
     def __init__(self, arch: GPUArch | str | None = None) -> None:
         self.arch: GPUArch | None = None if arch is None else CUDA(arch)
+        # The subclass has set its shape: refuse one no GPU (or not this one) can hold.
+        check_device_bytes(self._operand_bytes(), f"{type(self).__name__}({self._describe()})", self.arch)
 
     def _args(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def _operand_bytes(self) -> int:
+        """Bytes of every input and output tensor together."""
+        raise NotImplementedError
+
+    def _describe(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self._args().items())
 
     def with_arch(self, arch: GPUArch | str) -> Any:
         return type(self)(**self._args(), arch=CUDA(arch))
@@ -135,11 +144,13 @@ class _MemoryBoundTemplate:
             problems.append(f"unknown config key(s) {unknown}; this template takes {list(self.keys)}")
         if missing:
             problems.append(f"config {dict(config)} lacks {missing}; this template takes {list(self.keys)}")
+        out = {}
         for k in self.keys:
-            v = config.get(k, 1)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                problems.append(f"{k} must be a positive int, got {v!r}")
-        return (None, problems) if problems else ({k: int(config[k]) for k in self.keys}, [])
+            try:  # thread_num's range and multiples are _thread_rules'; here: an int a kernel can index
+                out[k] = int_in_range(config.get(k, 1), k, 1, INT32_MAX, too_big="TileLang indexes with int32")
+            except ValueError as e:
+                problems.append(str(e))
+        return (None, problems) if problems else (out, [])
 
     def _thread_rules(self, t: int) -> list[str]:
         arch = self._need_arch()
@@ -175,6 +186,8 @@ class _MemoryBoundTemplate:
         chain = math.ceil(waves) * w.steps * step if w.ctas else 0.0
         memory = w.bytes_total / (arch.dram_bandwidth * _DRAM_FRACTION / 1e6)
         total = (memory ** 4 + chain ** 4) ** 0.25 + k.launch_us
+        if not (math.isfinite(total) and total > 0):
+            raise RuntimeError(f"carver bug: the model predicted {total} us for {self!r} with {c}; please report it")
         return KernelPrediction(config=dict(c), latency_ms=total / 1e3, memory_ms=memory / 1e3,
                                 latency_chain_ms=chain / 1e3, waves=waves, ctas=w.ctas,
                                 bound="memory" if memory >= chain else "latency", errors=errors)
@@ -194,8 +207,7 @@ class _MemoryBoundTemplate:
         return Ranking(tuple(RankedConfig(c, p) for c, p in good), tuple(dropped))
 
     def recommend_hints(self, topk: int = 8) -> list[KernelHint]:
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-            raise ValueError(f"topk must be a positive int, got {topk!r}")
+        topk = positive_int(topk, "topk")
         scored = []
         for c in self._space():
             if not self.validate(c):
@@ -211,12 +223,6 @@ class _MemoryBoundTemplate:
         return f"{type(self).__name__}({args}, arch={self.arch.name if self.arch else None})"
 
 
-def _positive(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
-    return value
-
-
 class ElementwiseTemplate(_MemoryBoundTemplate):
     """``out[i] = f(in_0[i], ..., in_{n-1}[i])`` over ``numel`` elements."""
 
@@ -224,14 +230,17 @@ class ElementwiseTemplate(_MemoryBoundTemplate):
 
     def __init__(self, numel: int, num_inputs: int = 1, dtype: str = "float16", out_dtype: str | None = None,
                  arch: GPUArch | str | None = None) -> None:
-        self.numel = _positive(numel, "numel")
-        self.num_inputs = _positive(num_inputs, "num_inputs")
+        self.numel = shape_dim(numel, "numel")
+        self.num_inputs = positive_int(num_inputs, "num_inputs")
         self.dtype = canonical_dtype(dtype)
         self.out_dtype = canonical_dtype(out_dtype or dtype, "out_dtype")
         super().__init__(arch)
 
     def _args(self) -> dict[str, Any]:
         return dict(numel=self.numel, num_inputs=self.num_inputs, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _operand_bytes(self) -> int:
+        return self.numel * (self.num_inputs * dtype_bytes(self.dtype) + dtype_bytes(self.out_dtype))
 
     def _space(self) -> Iterable[dict[str, int]]:
         for b, t in itertools.product([256 * 2 ** i for i in range(7)], (128, 256, 512, 1024)):
@@ -258,13 +267,16 @@ class GeneralReductionTemplate(_MemoryBoundTemplate):
 
     def __init__(self, M: int, N: int, dtype: str = "float16", out_dtype: str | None = None,
                  arch: GPUArch | str | None = None) -> None:
-        self.M, self.N = _positive(M, "M"), _positive(N, "N")
+        self.M, self.N = shape_dim(M, "M"), shape_dim(N, "N")
         self.dtype = canonical_dtype(dtype)
         self.out_dtype = canonical_dtype(out_dtype or dtype, "out_dtype")
         super().__init__(arch)
 
     def _args(self) -> dict[str, Any]:
         return dict(M=self.M, N=self.N, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _operand_bytes(self) -> int:
+        return self.M * self.N * dtype_bytes(self.dtype) + self.M * dtype_bytes(self.out_dtype)
 
     def _space(self) -> Iterable[dict[str, int]]:
         for bm, bn, t in itertools.product((1, 2, 4, 8, 16, 32), (128, 256, 512, 1024, 2048, 4096),
@@ -302,11 +314,15 @@ class GEMVTemplate(GeneralReductionTemplate):
 
     def __init__(self, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
                  arch: GPUArch | str | None = None) -> None:
-        self.K = _positive(K, "K")
+        N, self.K = shape_dim(N, "N"), shape_dim(K, "K")
         super().__init__(M=N, N=K, dtype=dtype, out_dtype=out_dtype, arch=arch)
 
     def _args(self) -> dict[str, Any]:
         return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype)
+
+    def _operand_bytes(self) -> int:  # A (N, K), x (K), y (N)
+        b = dtype_bytes(self.dtype)
+        return self.M * self.K * b + self.K * b + self.M * dtype_bytes(self.out_dtype)
 
     def _space(self) -> Iterable[dict[str, int]]:
         for c in super()._space():

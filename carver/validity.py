@@ -10,6 +10,16 @@ A config is rejected when TileLang or nvcc refuses it, when the driver would ref
 (shared memory over the opt-in limit compiles fine and fails at launch), or when its accumulator cannot
 stay in registers (ptxas spills it to local memory, 4-30x slower in the measured grids, or, with three
 consumer warpgroups, fails with "Insufficient registers"). Every message names the bad value and a fix.
+
+The rules come in three tiers, each written once:
+
+* :func:`normalize_config`: each key on its own: known keys, ints that are ints (numpy ints too, never a
+  bool), values in range (``thread_num <= 1024``, ``num_stages <= 32``, ``split_k <= 65535``, ...).
+* :data:`CONFIG_RULES`: what no GPU accepts, for this problem (block_M a multiple of 16, whole warps, the
+  fp8 wgmma path, split-K splits that all get work, CUDA's grid limits, a tile no GPU's shared memory or
+  register file holds, more bytes than any GPU has). ``templates.matmul.kernel`` checks these with no arch.
+* :data:`RULES`: what this GPU refuses (its tensor dtypes, threads with the TMA producer, TileLang's warp
+  partition, shared memory, registers, device memory).
 """
 
 from __future__ import annotations
@@ -20,18 +30,26 @@ from typing import Any
 
 import numpy as np
 
-from .arch import GPUArch
+from .arch import ARCHS, GPUArch
 from .lowering import ConfigArrays, Lowering, lower
-from .problem import MatmulProblem
+from .problem import INT32_MAX, MAX_DEVICE_BYTES, MatmulProblem, int_in_range, is_bool
 
 __all__ = [
     "CONFIG_KEYS",
+    "CONFIG_RULES",
+    "ConfigRule",
+    "KERNEL_KEYS",
+    "MAX_NUM_STAGES",
     "OPTIONAL_KEYS",
     "Rule",
     "RULES",
+    "WARP_POLICIES",
     "check_matmul_config",
+    "explain_no_legal_config",
     "legal_mask",
     "normalize_config",
+    "require_matmul_config",
+    "split_k_limit",
 ]
 
 #: The reserved parameters every matmul config sets.
@@ -40,23 +58,229 @@ CONFIG_KEYS: tuple[str, ...] = (
 )
 #: Keys the matmul kernel (templates.matmul.kernel) also takes, with their defaults.
 OPTIONAL_KEYS: dict[str, int] = {"panel_size": 10, "split_k": 1}
+#: Keys only the kernel takes (the carver ranks the grid's program without them), with their defaults.
+KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0}
+#: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
+WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
+
+#: CUDA's limits, the same on every GPU the carver knows.
+WARP_SIZE = 32
+MAX_THREADS_PER_BLOCK = 1024
+MAX_GRID_YZ = 65535            # gridDim.y and gridDim.z (gridDim.x goes to 2**31 - 1)
+#: The largest register file of an SM (64K 32-bit registers): an accumulator over it cannot live in registers.
+MAX_REGISTER_FILE_BYTES = 4 * max(a.regs_per_sm for a in ARCHS.values())
+#: The most shared memory any GPU gives one block (Hopper's 227 KB): a tile over it fits nowhere.
+MAX_SMEM_PER_BLOCK = max(a.smem_per_block for a in ARCHS.values())
+#: More stages than this buys nothing on any GPU (the carver searches 0-8); it is a typo.
+MAX_NUM_STAGES = 32
+#: A bound on block sizes that keeps every product the model forms inside int64; the shared-memory and
+#: register rules refuse much smaller tiles.
+MAX_BLOCK = 2**16
+#: The split-K reduction kernel of templates.matmul sums 16 rows of C per CTA row.
+SPLIT_K_REDUCE_ROWS = 16
+
+
+@dataclass(frozen=True)
+class _IntKey:
+    lo: int
+    hi: int
+    meaning: str
+    too_big: str
+    fix: str
+    kind: str | None = None
+
+
+_INT_KEYS: dict[str, _IntKey] = {
+    "block_M": _IntKey(1, MAX_BLOCK, "", "no GPU holds such a tile", "use a multiple of 16 such as 64 or 128"),
+    "block_N": _IntKey(1, MAX_BLOCK, "", "no GPU holds such a tile", "use a multiple of 8 such as 128 or 256"),
+    "block_K": _IntKey(1, MAX_BLOCK, "", "no GPU holds such a tile",
+                       "use a multiple of 32 bytes of the input dtype such as 32 or 64"),
+    "num_stages": _IntKey(0, MAX_NUM_STAGES, "0: no pipeline, synchronous copies; 2-4 is typical",
+                          "", "use e.g. 3", kind=f">= 0 and <= {MAX_NUM_STAGES}"),
+    "thread_num": _IntKey(1, MAX_THREADS_PER_BLOCK, "threads per CTA, whole warps of 32",
+                          "CUDA's limit of threads per block", "use 128 or 256"),
+    "panel_size": _IntKey(1, MAX_GRID_YZ, "tile rows per rasterization panel",
+                          "a grid has at most 65535 rows of CTAs", "use e.g. 10"),
+    "split_k": _IntKey(1, MAX_GRID_YZ, "1: no split; s: K is split over s CTAs per tile",
+                       "CUDA's grid limit in z", "use a small split such as 2-16"),
+    "persistent": _IntKey(0, INT32_MAX, "0: one CTA per tile; n: n resident CTAs that loop over the tiles, "
+                                        "e.g. the GPU's SM count", "CUDA's grid limit in x",
+                          "use 0 or the GPU's SM count"),
+}
+
+
+@dataclass(frozen=True)
+class ConfigRule:
+    """A rule no GPU escapes: ``broken(problem, cfg)`` flags configs (bool array); ``message(...)``
+    explains config ``i`` with its value and a fix."""
+
+    name: str
+    broken: Callable[[MatmulProblem, ConfigArrays], np.ndarray]
+    message: Callable[[MatmulProblem, ConfigArrays, int], str]
+    #: Stands in for a rule of :data:`RULES` when no arch is named (the GPU's own rule is exact, and stricter).
+    without_arch_only: bool = False
 
 
 @dataclass(frozen=True)
 class Rule:
-    """One legality rule: ``broken(problem, arch, lw)`` flags configs (bool array); ``message(...)``
-    explains config ``i`` with its value and a fix."""
+    """One legality rule of a GPU: ``broken(problem, arch, lw)`` flags configs (bool array);
+    ``message(...)`` explains config ``i`` with its value and a fix."""
 
     name: str
     broken: Callable[[MatmulProblem, GPUArch, Lowering], np.ndarray]
     message: Callable[[MatmulProblem, GPUArch, Lowering, int], str]
 
 
-def _cfg_str(lw: Lowering, i: int) -> str:
-    c = lw.cfg
+def _cfg_str(c: ConfigArrays, i: int) -> str:
     return f"{int(c.block_M[i])}x{int(c.block_N[i])}x{int(c.block_K[i])}"
 
 
+def _ceil_div(a: Any, b: Any) -> Any:
+    return -(-a // b)
+
+
+def _round_down(value: int, step: int) -> int:
+    return max(step, value // step * step)
+
+
+def _k_step(p: MatmulProblem) -> int:
+    """K of one tensor-core step in elements: 32 bytes of the input dtype."""
+    return max(1, 32 // p.in_bytes)
+
+
+def split_k_limit(K: int, block_K: int) -> int:
+    """The largest split_k for which every split still gets some of K (splits are whole K tiles)."""
+    s = max(1, _ceil_div(K, block_K))
+    while s > 1 and (s - 1) * (_ceil_div(_ceil_div(K, s), block_K) * block_K) >= K:
+        s -= 1
+    return min(s, MAX_GRID_YZ)
+
+
+def _bytes_needed(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    """A, B and C plus the split-K workspace (split_k fp32 partial C's), as float64 (no overflow)."""
+    split = c.split_k.astype(np.float64)
+    work = np.where(split > 1, split * float(p.M) * float(p.N) * p.accum_bytes, 0.0)
+    return float(p.operand_bytes) + work
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+# ------------------------------------------------------------------------ rules no GPU escapes
+def _msg_warps(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    t = int(c.thread_num[i])
+    return (f"thread_num must be a positive multiple of {WARP_SIZE} (whole warps), got {t}; use "
+            f"{_round_down(t, WARP_SIZE)} or {_round_down(t, WARP_SIZE) + WARP_SIZE}")
+
+
+def _msg_block_mult(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    bm, bn = int(c.block_M[i]), int(c.block_N[i])
+    if bm <= 0 or bm % 16:
+        return f"block_M must be a positive multiple of 16 (one MMA row slab), got {bm}; e.g. {_round_down(bm, 16)}"
+    return f"block_N must be a positive multiple of 8 (one MMA column slab), got {bn}; e.g. {_round_down(bn, 8)}"
+
+
+def _msg_block_k(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    bk, k = int(c.block_K[i]), _k_step(p)
+    return (f"block_K must be a positive multiple of {k}, i.e. block_K must be a multiple of {k} for "
+            f"{p.in_dtype} (one tensor-core k-step of 32 bytes), got {bk}; e.g. {_round_down(bk, k)}")
+
+
+def _fp8_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    if p.in_bytes != 1:
+        return np.zeros(len(c), dtype=bool)
+    layout = p.trans_A or not p.trans_B
+    return layout | (c.block_M < 64) | (c.thread_num % 128 != 0)
+
+
+def _msg_fp8(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    why = ("needs A as (M, K) and B as (N, K): trans_A=False, trans_B=True"
+           if (p.trans_A or not p.trans_B) else
+           f"needs the wgmma path: block_M >= 64 (got {int(c.block_M[i])}) and thread_num a multiple of "
+           f"128 (got {int(c.thread_num[i])})")
+    return f"{p.in_dtype} GEMM {why}; TileLang has no mma.sync lowering for it"
+
+
+def _one_stage_bytes(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    stage = (c.block_M + c.block_N) * c.block_K * p.in_bytes
+    c_tile = np.where(c.split_k > 1, 0, c.block_M * c.block_N * p.out_bytes)
+    return np.maximum(stage, c_tile)
+
+
+def _msg_tile_smem(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    return (f"block {_cfg_str(c, i)} needs {int(_one_stage_bytes(p, c)[i])} bytes of shared memory for a single "
+            f"stage (A and B tiles, or the C tile), more than any GPU gives a block ({MAX_SMEM_PER_BLOCK}); "
+            f"use a smaller tile, e.g. 128x128x64")
+
+
+def _acc_bytes(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    return c.block_M * c.block_N * p.accum_bytes
+
+
+def _msg_tile_regs(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    return (f"block {_cfg_str(c, i)} has a {int(_acc_bytes(p, c)[i])}-byte {p.accum_dtype} accumulator, more than "
+            f"the register file of any GPU's SM ({MAX_REGISTER_FILE_BYTES} bytes): ptxas would spill all of it to "
+            f"local memory; use a smaller block_M*block_N, e.g. 128x256")
+
+
+def _split_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    split = np.maximum(c.split_k, 1)
+    bk = np.maximum(c.block_K, 1)
+    k_per = _ceil_div(_ceil_div(p.K, split), bk) * bk  # ceil(K / split), rounded up to whole K tiles
+    return (split > 1) & ((split - 1) * k_per >= p.K)
+
+
+def _msg_split(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    s, bk = int(c.split_k[i]), int(c.block_K[i])
+    return (f"split_k={s} leaves a split with no work for K={p.K}, block_K={bk} (splits are whole K tiles); "
+            f"use split_k <= {split_k_limit(p.K, bk)}")
+
+
+def _grid_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
+    rows = _ceil_div(p.M, np.maximum(c.block_M, 1))
+    reduce_rows = _ceil_div(p.M, SPLIT_K_REDUCE_ROWS)
+    return (rows > MAX_GRID_YZ) | ((c.split_k > 1) & (reduce_rows > MAX_GRID_YZ))
+
+
+def _msg_grid(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    bm = int(c.block_M[i])
+    rows = _ceil_div(p.M, bm)
+    if rows > MAX_GRID_YZ:
+        need = _ceil_div(_ceil_div(p.M, MAX_GRID_YZ), 16) * 16
+        return (f"block_M={bm} launches {rows} rows of CTAs for M={p.M}, over CUDA's grid limit of {MAX_GRID_YZ} "
+                f"(gridDim.y); use block_M >= {need}, or compute C^T = B^T @ A^T (swap M and N and flip "
+                f"trans_A/trans_B: the N tiles run along gridDim.x, which goes to 2**31 - 1)")
+    return (f"split_k={int(c.split_k[i])} sums its partials with {_ceil_div(p.M, SPLIT_K_REDUCE_ROWS)} rows of CTAs "
+            f"for M={p.M}, over CUDA's grid limit of {MAX_GRID_YZ}; use split_k=1 (split-K is for small M)")
+
+
+def _msg_memory_any(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
+    need = float(_bytes_needed(p, c)[i])
+    return (f"split_k={int(c.split_k[i])} needs {need:.0f} bytes ({_gib(need)}) with its fp32 workspace for "
+            f"{p.describe()}, more than any GPU holds (bound {_gib(MAX_DEVICE_BYTES)}); use a smaller split_k")
+
+
+#: Rules no GPU escapes, in the order their messages are reported. ``templates.matmul`` checks these
+#: before it builds a kernel, with no arch.
+CONFIG_RULES: tuple[ConfigRule, ...] = (
+    ConfigRule("warps", lambda p, c: c.thread_num % WARP_SIZE != 0, _msg_warps),
+    ConfigRule("block_multiple", lambda p, c: (c.block_M <= 0) | (c.block_M % 16 != 0) | (c.block_N <= 0)
+               | (c.block_N % 8 != 0), _msg_block_mult),
+    ConfigRule("block_K", lambda p, c: (c.block_K <= 0) | (c.block_K % _k_step(p) != 0), _msg_block_k),
+    ConfigRule("fp8_path", _fp8_broken, _msg_fp8),
+    ConfigRule("split", _split_broken, _msg_split),
+    ConfigRule("grid", _grid_broken, _msg_grid),
+    ConfigRule("tile_shared_memory", lambda p, c: _one_stage_bytes(p, c) > MAX_SMEM_PER_BLOCK, _msg_tile_smem,
+               without_arch_only=True),
+    ConfigRule("tile_registers", lambda p, c: _acc_bytes(p, c) > MAX_REGISTER_FILE_BYTES, _msg_tile_regs,
+               without_arch_only=True),
+    ConfigRule("device_memory_any", lambda p, c: _bytes_needed(p, c) > MAX_DEVICE_BYTES, _msg_memory_any,
+               without_arch_only=True),
+)
+
+
+# ------------------------------------------------------------------------------ rules of one GPU
 def _max_stages(problem: MatmulProblem, arch: GPUArch, lw: Lowering, i: int) -> int:
     c = lw.cfg
     per_stage = (int(c.block_M[i]) + int(c.block_N[i])) * int(c.block_K[i]) * problem.in_bytes
@@ -68,36 +292,11 @@ def _msg_dtype(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
             f"{[d for d, _ in a.tensor_peak]}); use one of those dtypes or another GPU")
 
 
-def _msg_fp8(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    c = lw.cfg
-    why = ("needs A as (M, K) and B as (N, K): trans_A=False, trans_B=True"
-           if (p.trans_A or not p.trans_B) else
-           f"needs the wgmma path: block_M >= 64 (got {int(c.block_M[i])}) and thread_num a multiple of "
-           f"128 (got {int(c.thread_num[i])})")
-    return f"{p.in_dtype} GEMM {why}; TileLang has no mma.sync lowering for it"
-
-
 def _msg_threads(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
     t = int(lw.cfg.thread_num[i])
-    if t <= 0 or t % a.warp_size:
-        return f"thread_num must be a positive multiple of {a.warp_size} (whole warps), got {t}"
     return (f"thread_num={t} launches {int(lw.launched_threads[i])} threads (with the 128-thread TMA "
             f"producer), over the {a.max_threads_per_block} a block may have; use thread_num <= "
             f"{a.max_threads_per_block - 128 * bool(lw.warp_specialized[i])}")
-
-
-def _msg_block_mult(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    c = lw.cfg
-    bm, bn = int(c.block_M[i]), int(c.block_N[i])
-    if bm <= 0 or bm % 16:
-        return f"block_M must be a positive multiple of 16 (one MMA row slab), got {bm}; e.g. {max(16, bm // 16 * 16)}"
-    return f"block_N must be a positive multiple of 8 (one MMA column slab), got {bn}; e.g. {max(8, bn // 8 * 8)}"
-
-
-def _msg_block_k(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    bk = int(lw.cfg.block_K[i])
-    return (f"block_K must be a positive multiple of {lw.k_step} for {p.in_dtype} (one tensor-core k-step of "
-            f"32 bytes), got {bk}; e.g. {max(lw.k_step, bk // lw.k_step * lw.k_step)}")
 
 
 def _msg_partition(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
@@ -112,113 +311,178 @@ def _msg_partition(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
 
 
 def _msg_smem(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    c = lw.cfg
-    s = int(c.num_stages[i])
+    s = int(lw.cfg.num_stages[i])
     fit = _max_stages(p, a, lw, i)
     fix = (f"use num_stages <= {fit}" if fit >= 1 else "use a smaller block_K or tile")
-    return (f"{_cfg_str(lw, i)} with num_stages={s} needs {int(lw.smem_bytes[i])} bytes of shared memory, over "
-            f"{a.name}'s {a.smem_per_block} per block (it compiles, then fails to launch); {fix}")
+    return (f"{_cfg_str(lw.cfg, i)} with num_stages={s} needs {int(lw.smem_bytes[i])} bytes of shared memory, "
+            f"over {a.name}'s {a.smem_per_block} per block (it compiles, then fails to launch); {fix}")
 
 
 def _msg_regs(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    c = lw.cfg
-    t = int(c.thread_num[i])
+    t = int(lw.cfg.thread_num[i])
     acc = float(lw.acc_regs[i])
     need_threads = next((x for x in (128, 256) if acc * t / x <= 192 and x > t), None)
     fix = (f"use thread_num={need_threads} or a smaller block_M*block_N" if need_threads
            else "use a smaller block_M*block_N")
-    return (f"block {_cfg_str(lw, i)} needs {acc:.0f} accumulator registers per thread with thread_num={t}, "
+    return (f"block {_cfg_str(lw.cfg, i)} needs {acc:.0f} accumulator registers per thread with thread_num={t}, "
             f"over the {int(lw.acc_reg_limit[i])} that fit (ptxas would spill them or fail); {fix}")
 
 
-def _msg_split(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    c = lw.cfg
-    return (f"panel_size and split_k must be positive and every split must get work; got panel_size="
-            f"{int(c.panel_size[i])}, split_k={int(c.split_k[i])} for K={p.K}, block_K={int(c.block_K[i])}; "
-            f"use split_k <= {max(1, -(-p.K // int(c.block_K[i])))}")
+def _memory_broken(p: MatmulProblem, a: GPUArch, lw: Lowering) -> np.ndarray:
+    return _bytes_needed(p, lw.cfg) > (a.memory_bytes or MAX_DEVICE_BYTES)
 
 
-def _split_broken(p: MatmulProblem, a: GPUArch, lw: Lowering) -> np.ndarray:
-    c = lw.cfg
-    split = c.split_k
-    bk = np.maximum(c.block_K, 1)
-    k_split = -(-p.K // np.maximum(split, 1))  # ceil(K / split)
-    k_per = -(-k_split // bk) * bk                # rounded up to whole K tiles
-    return (c.panel_size < 1) | (split < 1) | ((split > 1) & ((split - 1) * k_per >= p.K))
+def _msg_memory(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
+    need = float(_bytes_needed(p, lw.cfg)[i])
+    have = f"{a.name}'s {_gib(a.memory_bytes)} of device memory" if a.memory_bytes else \
+        f"what any GPU holds (bound {_gib(MAX_DEVICE_BYTES)})"
+    return (f"{p.describe()} with split_k={int(lw.cfg.split_k[i])} needs {need:.0f} bytes ({_gib(need)}) with its "
+            f"fp32 workspace, over {have}; use a smaller split_k")
 
 
-def _fp8_broken(p: MatmulProblem, a: GPUArch, lw: Lowering) -> np.ndarray:
-    if p.in_bytes != 1:
-        return np.zeros(len(lw.cfg), dtype=bool)
-    return ~lw.wgmma
-
-
-#: The rules, in the order their messages are reported.
+#: The rules of one GPU, in the order their messages are reported (after :data:`CONFIG_RULES`).
 RULES: tuple[Rule, ...] = (
     Rule("dtype", lambda p, a, lw: np.full(len(lw.cfg), not a.supports(p.in_dtype)), _msg_dtype),
-    Rule("threads", lambda p, a, lw: (lw.cfg.thread_num <= 0) | (lw.cfg.thread_num % a.warp_size != 0)
-         | (lw.launched_threads > a.max_threads_per_block), _msg_threads),
-    Rule("block_multiple", lambda p, a, lw: (lw.cfg.block_M <= 0) | (lw.cfg.block_M % 16 != 0)
-         | (lw.cfg.block_N <= 0) | (lw.cfg.block_N % 8 != 0), _msg_block_mult),
-    Rule("block_K", lambda p, a, lw: (lw.cfg.block_K <= 0) | (lw.cfg.block_K % lw.k_step != 0), _msg_block_k),
-    Rule("fp8_path", _fp8_broken, _msg_fp8),
+    Rule("threads", lambda p, a, lw: lw.launched_threads > a.max_threads_per_block, _msg_threads),
     Rule("warp_partition", lambda p, a, lw: ~lw.partition_ok, _msg_partition),
     Rule("shared_memory", lambda p, a, lw: lw.smem_bytes > a.smem_per_block, _msg_smem),
     Rule("registers", lambda p, a, lw: lw.acc_regs > lw.acc_reg_limit, _msg_regs),
-    Rule("split", _split_broken, _msg_split),
+    Rule("device_memory", _memory_broken, _msg_memory),
 )
 
 
+# --------------------------------------------------------------------------------- entry points
+def _config_rules(with_arch: bool) -> tuple[ConfigRule, ...]:
+    return tuple(r for r in CONFIG_RULES if not (with_arch and r.without_arch_only))
+
+
 def legal_mask(problem: MatmulProblem, arch: GPUArch, lw: Lowering) -> np.ndarray:
-    """True where a config passes every rule (the vectorised form of :func:`check_matmul_config`)."""
+    """True where a config passes every rule (the vectorised form of :func:`check_matmul_config`, for
+    configs whose keys are already in range, such as the carver's search space)."""
     ok = np.ones(len(lw.cfg), dtype=bool)
+    for config_rule in _config_rules(with_arch=True):
+        ok &= ~np.asarray(config_rule.broken(problem, lw.cfg), dtype=bool)
     for rule in RULES:
         ok &= ~np.asarray(rule.broken(problem, arch, lw), dtype=bool)
     return ok
 
 
-def normalize_config(config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    """Check a config's keys and value types: ``(config with defaults, [])`` or ``(None, [problems])``."""
+def explain_no_legal_config(problem: MatmulProblem, arch: GPUArch, lw: Lowering) -> str:
+    """Why no config of ``lw`` is legal: the rules every one of them breaks, with the message of one."""
+    reasons = [r.message(problem, lw.cfg, int(np.argmax(b))) for r in _config_rules(with_arch=True)
+               if (b := np.asarray(r.broken(problem, lw.cfg), dtype=bool)).size and b.all()]
+    reasons += [r.message(problem, arch, lw, 0) for r in RULES
+                if (b := np.asarray(r.broken(problem, arch, lw), dtype=bool)).size and b.all()]
+    if not reasons:
+        reasons = ["each candidate breaks a different rule (shared memory, registers, warp partition)"]
+    return f"no legal config for {problem.describe()} on {arch.name}: " + "; ".join(dict.fromkeys(reasons))
+
+
+def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, list[tuple[type, str]]]:
+    """Each key on its own: ``(config with defaults, [])`` or ``(None, [(exception type, message), ...])``."""
     if not isinstance(config, Mapping):
-        return None, [f"a matmul config must be a dict, got {config!r} of type {type(config).__name__}"]
-    problems = []
-    unknown = [k for k in config if k not in CONFIG_KEYS and k not in OPTIONAL_KEYS]
+        return None, [(TypeError, f"a matmul config must be a dict, got {config!r} of type {type(config).__name__}")]
+    optional = {**OPTIONAL_KEYS, **(KERNEL_KEYS if kernel_keys else {})}
+    problems: list[tuple[type, str]] = []
+    unknown = [k for k in config if k not in CONFIG_KEYS and k not in optional]
     if unknown:
-        problems.append(f"unknown config key(s) {unknown}; a matmul config takes "
-                        f"{list(CONFIG_KEYS) + list(OPTIONAL_KEYS)}")
+        problems.append((ValueError, f"unknown config key(s) {unknown}; a matmul config takes "
+                                     f"{list(CONFIG_KEYS) + list(optional)}"))
     missing = [k for k in CONFIG_KEYS if k not in config]
     if missing:
-        problems.append(f"config {dict(config)} lacks {missing}; every matmul config sets {list(CONFIG_KEYS)}")
+        problems.append((ValueError, f"config {dict(config)} lacks {missing}; every matmul config sets "
+                                     f"{list(CONFIG_KEYS)}"))
     out: dict[str, Any] = {}
-    for key in CONFIG_KEYS + tuple(OPTIONAL_KEYS):
+    for key in CONFIG_KEYS + tuple(optional):
         if key not in config:
-            if key in OPTIONAL_KEYS:
-                out[key] = OPTIONAL_KEYS[key]
+            if key in optional:
+                out[key] = optional[key]
             continue
         value = config[key]
         if key == "enable_rasterization":
-            if not isinstance(value, bool) and type(value).__name__ != "bool_":
-                problems.append(f"enable_rasterization must be a bool, got {value!r}")
-            out[key] = bool(value)
-        elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            problems.append(f"{key} must be an int, got {value!r} of type {type(value).__name__}")
-        elif key == "num_stages" and value < 0:
-            problems.append(f"num_stages must be >= 0 (0: no pipeline, synchronous copies), got {value}")
+            # A string "False" is truthy and would silently turn rasterization on.
+            if not is_bool(value):
+                problems.append((TypeError, f"enable_rasterization must be a bool, got {value!r} of type "
+                                            f"{type(value).__name__}; use True or False"))
+            else:
+                out[key] = bool(value)
+        elif key == "warp_policy":
+            if not isinstance(value, str) or value not in WARP_POLICIES:
+                problems.append((ValueError, f"warp_policy must be one of {list(WARP_POLICIES)}, got {value!r}; "
+                                             f"'square' is TileLang's default"))
+            out[key] = value
         else:
-            out[key] = int(value)
+            spec = _INT_KEYS[key]
+            try:
+                out[key] = int_in_range(value, key, spec.lo, spec.hi, meaning=spec.meaning,
+                                        too_big=spec.too_big, fix=spec.fix, kind=spec.kind)
+            except ValueError as e:
+                problems.append((ValueError, str(e)))
     return (None, problems) if problems else (out, [])
 
 
-def check_matmul_config(problem: MatmulProblem, config: Mapping[str, Any], arch: GPUArch) -> list[str]:
+def normalize_config(config: Mapping[str, Any], *, kernel_keys: bool = False
+                     ) -> tuple[dict[str, Any] | None, list[str]]:
+    """Check a config's keys and each value on its own: ``(config with defaults, [])`` or
+    ``(None, [problems])``. ``kernel_keys`` also admits ``warp_policy`` and ``persistent``."""
+    cfg, problems = _normalize(config, kernel_keys)
+    return cfg, [m for _, m in problems]
+
+
+def _kernel_key_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """Rules between the kernel-only keys and the others."""
+    out = []
+    persistent, split_k = cfg["persistent"], cfg["split_k"]
+    if persistent and split_k != 1:
+        out.append(f"persistent={persistent} and split_k={split_k} do not combine; set one of them (persistent=0 "
+                   f"or split_k=1)")
+    warps = cfg["thread_num"] // WARP_SIZE
+    if cfg["warp_policy"] == "full_row" and cfg["block_M"] % (16 * warps):
+        what = f"{warps // 4} warpgroups" if warps % 4 == 0 else f"{warps} warps"
+        out.append(f"warp_policy='full_row' stacks the {what} along M (each warp takes whole rows), so block_M "
+                   f"must be a multiple of {16 * warps}, got {cfg['block_M']}; use warp_policy='square'")
+    return out
+
+
+def _violations(problem: MatmulProblem | None, config: Any, arch: GPUArch | None, kernel_keys: bool,
+                arch_stand_ins: bool = True) -> tuple[dict[str, Any] | None, list[tuple[type, str]]]:
+    cfg, problems = _normalize(config, kernel_keys)
+    if cfg is None or problem is None:
+        return cfg, problems
+    arrays = ConfigArrays.from_configs([cfg])
+    msgs = [r.message(problem, arrays, 0) for r in _config_rules(arch is not None or not arch_stand_ins)
+            if bool(r.broken(problem, arrays)[0])]
+    if kernel_keys:
+        msgs += _kernel_key_problems(cfg)
+    if not msgs and arch is not None:  # lower only what is in range: the model assumes it
+        lw = lower(problem, arch, arrays)
+        msgs = [r.message(problem, arch, lw, 0) for r in RULES if bool(r.broken(problem, arch, lw)[0])]
+    return cfg, [(ValueError, m) for m in msgs]
+
+
+def check_matmul_config(problem: MatmulProblem, config: Mapping[str, Any], arch: GPUArch | None = None, *,
+                        kernel_keys: bool = False, arch_stand_ins: bool = True) -> list[str]:
     """Why ``config`` cannot compile or launch for ``problem`` on ``arch``; an empty list means legal.
 
     This is the one validity function of the project: the carver filters its search with the same
     rules, and the autotuner calls it before compiling and records a non-empty answer as a
-    ``resource_error`` trial.
+    ``resource_error`` trial. Without ``arch`` only the rules no GPU escapes are checked (what
+    ``templates.matmul.kernel`` needs), with bounds of any GPU standing in for the GPU's shared memory,
+    registers and device memory unless ``arch_stand_ins`` is False (the caller asks a GPU's template for
+    those next). ``kernel_keys`` admits and checks ``warp_policy`` and ``persistent``.
     """
-    cfg, problems = normalize_config(config)
-    if cfg is None:
-        return problems
-    arrays = ConfigArrays.from_configs([cfg])
-    lw = lower(problem, arch, arrays)
-    return [rule.message(problem, arch, lw, 0) for rule in RULES if bool(rule.broken(problem, arch, lw)[0])]
+    return [m for _, m in _violations(problem, config, arch, kernel_keys, arch_stand_ins)[1]]
+
+
+def require_matmul_config(problem: MatmulProblem | None, config: Mapping[str, Any], arch: GPUArch | None = None,
+                          *, kernel_keys: bool = False) -> dict[str, Any]:
+    """:func:`check_matmul_config` that raises (with ``problem=None``: only :func:`normalize_config`'s
+    per-key checks). Returns the normalised config (ints, defaults filled in); raises a TypeError when
+    only types are wrong (a config that is not a dict, a flag that is not a bool), else a ValueError,
+    with every problem in the message."""
+    cfg, problems = _violations(problem, config, arch, kernel_keys)
+    if problems:
+        exc = TypeError if all(t is TypeError for t, _ in problems) else ValueError
+        raise exc("; ".join(m for _, m in problems))
+    assert cfg is not None
+    return cfg
