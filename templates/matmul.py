@@ -35,6 +35,7 @@ two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk
 producer warpgroup loads the next tile while the consumers store this one.
 """
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -42,19 +43,24 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from carver.problem import canonical_dtype, dtype_bytes, flag, positive_int
+from carver.problem import MatmulProblem, canonical_dtype, dtype_bytes, flag, int_in_range, positive_int, shape_dim
 from carver.validity import CONFIG_KEYS as MATMUL_CONFIG_KEYS
+from carver.validity import KERNEL_KEYS, WARP_POLICIES, check_matmul_config, require_matmul_config, split_k_limit
 from carver.validity import OPTIONAL_KEYS as CARVER_OPTIONAL_KEYS
 
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     import torch
     from tvm.tirx import PrimFunc
 
+    from autotuner.target import ResolvedTarget
+
 __all__ = [
     "CONFIG_KEYS",
+    "CUDAUnavailableError",
     "IN_DTYPES",
     "OUT_DTYPES",
     "TUNABLE_KEYS",
+    "WARP_POLICIES",
     "carver_template",
     "compile",
     "default_space",
@@ -71,7 +77,7 @@ __all__ = [
 #: The reserved parameters of TileLang's GEMM grid; every config has them (the carver's list).
 TUNABLE_KEYS: tuple[str, ...] = MATMUL_CONFIG_KEYS
 #: What this template adds to the six, with the value that leaves the grid's program unchanged.
-EXTRA_DEFAULTS: dict[str, Any] = {**CARVER_OPTIONAL_KEYS, "warp_policy": "square", "persistent": 0}
+EXTRA_DEFAULTS: dict[str, Any] = {**CARVER_OPTIONAL_KEYS, **KERNEL_KEYS}
 #: Everything a config may set: the six above plus the four this template adds.
 CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(EXTRA_DEFAULTS)
 #: A config may carry TileLang pass configs of its own (the autotuner hands them to the compiler).
@@ -80,8 +86,6 @@ PASS_CONFIGS_KEY = "pass_configs"
 AUTO_WS = "tl.enable_auto_warp_specialization"
 #: The keys the carver models (the rest change neither a config's tile nor its registers).
 _CARVER_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(CARVER_OPTIONAL_KEYS)
-#: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
-WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: Input dtypes. fp8 (e4m3) only on Hopper or newer, and only with K-major operands (the NT layout).
 IN_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float8_e4m3")
 OUT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
@@ -96,11 +100,23 @@ _GRID = {
     "enable_rasterization": [True, False],
 }
 _DEFAULT_SMS = 132  # H100 SXM / H200: used only when the carver's arch does not say
-_SM_ARCH = re.compile(r"^sm_\d+a?$")
+_SM_ARCH = re.compile(r"^sm_\d+[af]?$")  # sm_90, sm_90a, sm_100f
+_TARGETS = ("'auto' (the local CUDA GPU), 'cuda', an arch such as 'sm_90a' (compile-only, no GPU needed), a "
+            "dict such as {'kind': 'cuda', 'arch': 'sm_90a'}, or a CUDA tvm.target.Target")
+
+
+class CUDAUnavailableError(RuntimeError):
+    """The call must run a GEMM on a CUDA GPU and none is visible (``torch.cuda.is_available()`` is False).
+
+    Raised by :func:`tune`, :func:`tuner` and :func:`compile` (with ``target="auto"`` or ``"cuda"``) before
+    anything compiles. A RuntimeError, not a ValueError: the arguments are fine, the machine lacks a GPU.
+    The message says what works offline: the carver's hints for a named GPU, and compile-only checks.
+    """
 
 
 # --------------------------------------------------------------------------------------------------
-# Argument checks: one place, run at the API edge, so a typo fails here and not deep inside TVM.
+# Argument checks, run at the API edge so a typo fails here and not deep inside TVM. The rules
+# themselves live in the carver (carver.problem for shapes, carver.validity for configs): one place.
 # --------------------------------------------------------------------------------------------------
 def _dtype(value: object, allowed: Sequence[str], what: str) -> str:
     """Normalise a dtype name (``"fp16"``, ``torch.float16`` and ``"float16"`` are one dtype)."""
@@ -116,27 +132,23 @@ def _dtype(value: object, allowed: Sequence[str], what: str) -> str:
 def _check_problem(
     M: object, N: object, K: object, in_dtype: object, out_dtype: object, accum_dtype: object,
     trans_A: object, trans_B: object,
-) -> tuple[int, int, int, str, str, str, bool, bool]:
-    M, N, K = (positive_int(v, name) for v, name in ((M, "M"), (N, "N"), (K, "K")))
+) -> MatmulProblem:
+    """The template's dtypes and layouts, then the carver's problem (sizes a GPU can hold)."""
     in_dtype = _dtype(in_dtype, IN_DTYPES, "in_dtype")
     out_dtype = _dtype(out_dtype, OUT_DTYPES, "out_dtype")
     accum_dtype = _dtype(accum_dtype, ACCUM_DTYPES, "accum_dtype")
-    trans_A, trans_B = flag(trans_A, "trans_A"), flag(trans_B, "trans_B")
-    if in_dtype == "float8_e4m3" and (trans_A or not trans_B):
+    problem = MatmulProblem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+    if in_dtype == "float8_e4m3" and (problem.trans_A or not problem.trans_B):
         # wgmma reads fp8 operands only K-major from shared memory.
         raise ValueError(
             f"float8_e4m3 needs A as (M, K) and B as (N, K) (trans_A=False, trans_B=True), got "
-            f"trans_A={trans_A}, trans_B={trans_B}; transpose the operands in torch first"
+            f"trans_A={problem.trans_A}, trans_B={problem.trans_B}; transpose the operands in torch first"
         )
-    return M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B
+    return problem
 
 
-def _split_k_limit(K: int, block_K: int) -> int:
-    """The largest split_k for which every split still gets some of K (splits are whole K tiles)."""
-    s = math.ceil(K / block_K)
-    while s > 1 and (s - 1) * _k_per_split(K, block_K, s) >= K:
-        s -= 1
-    return s
+#: The largest split_k for which every split still gets some of K (the carver's rule).
+_split_k_limit = split_k_limit
 
 
 def _k_per_split(K: int, block_K: int, split_k: int) -> int:
@@ -148,50 +160,51 @@ def _check_config(
     thread_num: object, enable_rasterization: object, panel_size: object, split_k: object,
     warp_policy: object = "square", persistent: object = 0,
 ) -> None:
-    for value, name in ((block_M, "block_M"), (block_N, "block_N"), (block_K, "block_K"),
-                        (thread_num, "thread_num"), (panel_size, "panel_size"), (split_k, "split_k")):
-        positive_int(value, name)
-    if warp_policy not in WARP_POLICIES:
-        raise ValueError(f"warp_policy must be one of {list(WARP_POLICIES)}, got {warp_policy!r}")
-    if isinstance(persistent, bool) or not isinstance(persistent, int) or persistent < 0:
-        raise ValueError(f"persistent must be an int >= 0 (0: one CTA per tile; n: n resident CTAs that loop "
-                         f"over the tiles, e.g. the GPU's SM count), got {persistent!r}")
-    if persistent and split_k != 1:
-        raise ValueError(f"persistent={persistent} and split_k={split_k} do not combine; set one of them")
-    if warp_policy == "full_row" and thread_num % 128 == 0 and block_M % (thread_num // 128 * 64):
-        raise ValueError(f"warp_policy='full_row' stacks the {thread_num // 128} warpgroups along M, so block_M "
-                         f"must be a multiple of {thread_num // 128 * 64}, got {block_M}; use 'square'")
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 0:
-        raise ValueError(f"num_stages must be an int >= 0 (0 and 1 mean no software pipeline), got "
-                         f"{num_stages!r}")
-    flag(enable_rasterization, "enable_rasterization")
-    if thread_num % 32:
-        raise ValueError(f"thread_num must be a multiple of 32 (whole warps), got {thread_num!r}")
-    if in_dtype == "float8_e4m3" and block_K % 32:
-        raise ValueError(f"block_K must be a multiple of 32 for float8_e4m3 (one wgmma k-step), got "
-                         f"{block_K!r}")
-    if split_k > 1 and (split_k - 1) * _k_per_split(K, block_K, split_k) >= K:
-        raise ValueError(
-            f"split_k={split_k} leaves a split with no work for K={K}, block_K={block_K} (splits are whole "
-            f"K tiles); use split_k <= {_split_k_limit(K, block_K)}"
-        )
+    """The carver's config rules that need only K and the dtype (M = N = 1 stands in for the rest)."""
+    config = dict(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages, thread_num=thread_num,
+                  enable_rasterization=enable_rasterization, panel_size=panel_size, split_k=split_k,
+                  warp_policy=warp_policy, persistent=persistent)
+    require_matmul_config(MatmulProblem(1, 1, K, in_dtype), config, kernel_keys=True)
 
 
 def normalize_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Check a config dict's keys once at the API edge; returns a plain dict in CONFIG_KEYS order."""
+    """Check a config dict once at the API edge: its keys, and each value on its own (the carver's
+    :func:`carver.validity.normalize_config`); returns a plain dict in CONFIG_KEYS order, ints as ints.
+
+    Rules between keys and the problem (block_K against the dtype, split_k against K, ...) need the
+    problem: :func:`kernel`, :func:`compile` and :func:`tuner` check them too.
+    """
     if not isinstance(config, Mapping):
         raise TypeError(f"a config must be a dict, got {config!r}")
-    unknown = [k for k in config if k not in CONFIG_KEYS and k != PASS_CONFIGS_KEY]
-    if unknown:
-        raise ValueError(f"unknown config key(s) {unknown}; a matmul config takes {list(CONFIG_KEYS)} "
-                         f"and {PASS_CONFIGS_KEY!r}")
-    missing = [k for k in TUNABLE_KEYS if k not in config]
-    if missing:
-        raise ValueError(f"config {dict(config)} lacks {missing}; every config sets {list(TUNABLE_KEYS)}")
     if PASS_CONFIGS_KEY in config and not isinstance(config[PASS_CONFIGS_KEY], Mapping):
         raise TypeError(f"{PASS_CONFIGS_KEY} must be a dict of TileLang pass configs, got "
                         f"{config[PASS_CONFIGS_KEY]!r}")
-    return {k: config[k] for k in (*CONFIG_KEYS, PASS_CONFIGS_KEY) if k in config}
+    values = require_matmul_config(None, _kernel_part(config), kernel_keys=True)
+    out = {k: values[k] for k in CONFIG_KEYS if k in config}
+    if PASS_CONFIGS_KEY in config:
+        out[PASS_CONFIGS_KEY] = config[PASS_CONFIGS_KEY]
+    return out
+
+
+def _kernel_part(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k != PASS_CONFIGS_KEY}
+
+
+def _checked_configs(problem: MatmulProblem, configs: Iterable[Mapping[str, Any]], what: str
+                     ) -> list[dict[str, Any]]:
+    """``configs`` normalised, each checked against the carver's rules no GPU escapes; the first bad one is
+    a ValueError (or TypeError) that says which."""
+    out = []
+    if isinstance(configs, Mapping) or not isinstance(configs, Iterable):
+        raise TypeError(f"{what} must be a list of config dicts, got {configs!r}")
+    for i, config in enumerate(configs):
+        try:
+            cfg = normalize_config(config)
+            require_matmul_config(problem, _kernel_part(cfg), kernel_keys=True)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{what}[{i}]: {e}") from e
+        out.append(cfg)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,11 +239,16 @@ def kernel(
     """
     import tilelang.language as T
 
-    M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B = _check_problem(
-        M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
-    _check_config(K, in_dtype, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
-                  panel_size, split_k, warp_policy, persistent)
-    enable_rasterization = bool(enable_rasterization)
+    # Every argument is checked (by the carver's rules) before any TIR is built; values come back as ints.
+    problem = _check_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+    cfg = require_matmul_config(problem, dict(
+        block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages, thread_num=thread_num,
+        enable_rasterization=enable_rasterization, panel_size=panel_size, split_k=split_k,
+        warp_policy=warp_policy, persistent=persistent), kernel_keys=True)
+    M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
+    in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
+    block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
+        persistent = (cfg[k] for k in CONFIG_KEYS)
     policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
               "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
     A_shape = (K, M) if trans_A else (M, K)
@@ -385,7 +403,7 @@ def default_space(M: int, N: int, K: int) -> list[dict[str, Any]]:
     baseline is the grid as TileLang users run it, so they stay in and fail as trials.
     """
     for value, name in ((M, "M"), (N, "N"), (K, "K")):
-        positive_int(value, name)
+        shape_dim(value, name)
     return [dict(zip(_GRID, values)) for values in itertools.product(*_GRID.values())]
 
 
@@ -407,32 +425,39 @@ def carver_template(
 
     in_name = _dtype(in_dtype, IN_DTYPES, "in_dtype")
     out_name = _default_out(in_name) if out_dtype is None else out_dtype
-    M, N, K, in_name, out_name, acc_name, trans_A, trans_B = _check_problem(
-        M, N, K, in_name, out_name, accum_dtype, trans_A, trans_B)
-    tmpl = MatmulTemplate(M=M, N=N, K=K, in_dtype=in_name, out_dtype=out_name, accum_dtype=acc_name,
-                          trans_A=trans_A, trans_B=trans_B)
+    p = _check_problem(M, N, K, in_name, out_name, accum_dtype, trans_A, trans_B)
+    tmpl = MatmulTemplate(M=p.M, N=p.N, K=p.K, in_dtype=p.in_dtype, out_dtype=p.out_dtype,
+                          accum_dtype=p.accum_dtype, trans_A=p.trans_A, trans_B=p.trans_B)
     return tmpl.with_arch(carver_arch.CUDA(arch) if isinstance(arch, str) else arch)
 
 
 def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> list[str]:
-    """Why ``config`` cannot run (empty: legal): this template's own argument rules, then the carver's.
+    """Why ``config`` cannot run (empty: legal): the carver's rules no GPU escapes, with the kernel's own
+    keys, then the carver template's rules for its GPU, then the separate C tile's shared memory.
 
-    The carver's ``validate`` is the one validity function (STYLE.md 4); this adds what only the
-    template knows (split-K splits must all get work, fp8 block_K, the persistent kernel's shared
-    memory) and returns problems instead of raising, so the autotuner can drop a candidate before it
-    reaches nvcc and say why. The carver models the grid's program: ``warp_policy`` and ``persistent``
-    change neither its registers nor its tile, so the carver judges the config without them.
+    The carver's validity is the one validity function (STYLE.md 4); this returns problems instead of
+    raising, so the autotuner can drop a candidate before it reaches nvcc and say why. The carver models
+    the grid's program: ``warp_policy`` and ``persistent`` change neither its registers nor its tile, so
+    the carver template judges the config without them.
     """
     try:
         cfg = normalize_config(config)
-        _check_config(K, in_dtype, *(cfg.get(k, EXTRA_DEFAULTS.get(k)) for k in CONFIG_KEYS))
     except (ValueError, TypeError) as e:
         return [str(e)]
+    problem = getattr(tmpl, "problem", None)
+    if isinstance(problem, MatmulProblem):
+        problem = dataclasses.replace(problem, K=K, in_dtype=in_dtype)
+    else:  # a stand-in carver template: the rules that need only K and the dtype (M = N = 1)
+        problem = MatmulProblem(1, 1, K, in_dtype)
+    problems = check_matmul_config(problem, _kernel_part(cfg), kernel_keys=True, arch_stand_ins=False)
+    if problems:
+        return problems
+    full = {**EXTRA_DEFAULTS, **cfg}
     problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in _CARVER_KEYS}))
-    separate_c = "persistent" if cfg.get("persistent") else (
+    separate_c = "persistent" if full["persistent"] else (
         "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
     if separate_c:
-        need = _separate_c_smem_bytes(cfg, in_dtype, getattr(getattr(tmpl, "problem", None), "out_dtype", in_dtype))
+        need = _separate_c_smem_bytes(full, problem.in_dtype, problem.out_dtype)
         limit = getattr(getattr(tmpl, "arch", None), "smem_per_block", None)
         if limit is not None and need > limit:
             problems.append(
@@ -476,6 +501,12 @@ def split_k_candidates(
     whatever the tile. Splitting K over ``s`` CTAs per tile fills it; candidates are ``s`` near
     ``SMs / tiles`` and its neighbours, so the autotuner (not a guess) picks one.
     """
+    problem = MatmulProblem(M, N, K)  # fp16's block_K rule is the loosest of the template's dtypes
+    num_sms = positive_int(num_sms, "num_sms")
+    per_config = int_in_range(per_config, "per_config", 0, 2**31 - 1)
+    top = int_in_range(top, "top", 0, 2**31 - 1)
+    configs = _checked_configs(problem, configs, "configs")
+    M, N, K = problem.M, problem.N, problem.K
     out: list[dict[str, Any]] = []
     for cfg in configs[:top]:
         if cfg.get("split_k", 1) != 1:
@@ -513,6 +544,15 @@ def hopper_variants(
 
     The carver does not model either (it ranks the grid's program); the autotuner measures them.
     """
+    in_dtype = _dtype(in_dtype, IN_DTYPES, "in_dtype")
+    problem = MatmulProblem(M, N, K, in_dtype, out_dtype)  # any dtype the carver knows: only its size counts
+    out_dtype = problem.out_dtype
+    num_sms = positive_int(num_sms, "num_sms")
+    smem_per_block = positive_int(smem_per_block, "smem_per_block")
+    top = int_in_range(top, "top", 0, 2**31 - 1)
+    persistent_max_k_iters = int_in_range(persistent_max_k_iters, "persistent_max_k_iters", 0, 2**31 - 1)
+    configs = _checked_configs(problem, configs, "configs")
+    M, N, K = problem.M, problem.N, problem.K
     out: list[dict[str, Any]] = []
     for cfg in configs[:top]:
         if any(cfg.get(k, EXTRA_DEFAULTS[k]) != EXTRA_DEFAULTS[k] for k in ("split_k", "warp_policy", "persistent")):
@@ -553,12 +593,57 @@ def _tvm_target(target: Any) -> Any:
     return spec
 
 
+def _no_gpu_message(what: str, M: int, N: int, K: int) -> str:
+    return (f"{what} needs a CUDA GPU and none is visible (torch.cuda.is_available() is False), so nothing "
+            f"was compiled; the GEMM has no CPU target. Without a GPU you can rank configs for a named GPU: "
+            f"templates.matmul.carver_template({M}, {N}, {K}, arch=carver.arch.CUDA('H100')).recommend_hints(8) "
+            f"(or carver.MatmulTemplate({M}, {N}, {K}).with_arch(carver.arch.CUDA('H100')).recommend_hints(8)), "
+            f"and check that a config compiles (nvcc, no GPU): templates.matmul.compile({M}, {N}, {K}, config, "
+            f"target={{'kind': 'cuda', 'arch': 'sm_90a'}})")
+
+
+def _cuda_target(target: Any, what: str, problem: MatmulProblem) -> "ResolvedTarget":
+    """``target`` checked once, by the autotuner's :func:`~autotuner.target.resolve_target`, for a GEMM:
+    a CUDA target (a compile-only arch is fine). "auto"/"cuda" without a GPU is a CUDAUnavailableError;
+    anything else that is not a CUDA target is a ValueError that lists what is accepted."""
+    from autotuner.target import resolve_target
+
+    if target is None or (isinstance(target, str) and target in ("auto", "cuda")):
+        if resolve_target("auto").kind != "cuda":
+            raise CUDAUnavailableError(_no_gpu_message(what, problem.M, problem.N, problem.K))
+    spec = _target_spec(target)
+    try:
+        resolved = resolve_target(spec)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"target {target!r} is not one the matmul template accepts ({e}); it takes "
+                         f"{_TARGETS}") from e
+    if resolved.kind != "cuda":
+        raise ValueError(f"target {target!r} is TileLang's C target on the CPU, which cannot lower the GEMM's "
+                         f"T.gemm; the matmul template takes {_TARGETS}")
+    if not _SM_ARCH.match(str(resolved.arch)):
+        raise ValueError(f"target {target!r} names the CUDA arch {resolved.arch!r}; an arch is spelled 'sm_XY' "
+                         f"or 'sm_XYa', e.g. 'sm_90a' (H100, H200), 'sm_89' (L40S) or 'sm_80' (A100); the matmul "
+                         f"template takes {_TARGETS}")
+    if isinstance(spec, dict):  # spelled by the user: let TVM judge every field before anything compiles
+        try:
+            _tvm_target(spec)
+        except ValueError as e:
+            raise ValueError(f"target {target!r} is not a valid CUDA target ({e}); the matmul template takes "
+                             f"{_TARGETS}") from e
+    return resolved
+
+
 def _carver_arch(arch: Any, target: Any) -> Any:
     """Which GPU the carver models: ``arch`` when given; else the arch the target names; else local."""
     if arch is not None:
         return arch
-    if isinstance(target, str) and _SM_ARCH.match(target):
-        return target
+    spec = _target_spec(target)
+    if isinstance(spec, dict) and isinstance(spec.get("arch"), str):
+        return spec["arch"]
+    if hasattr(spec, "export"):  # tvm.target.Target
+        named = dict(spec.export()).get("arch")
+        if isinstance(named, str) and named:
+            return named
     return "cuda"
 
 
@@ -580,19 +665,25 @@ def compile(
     """Compile one config into a callable ``kernel(A, B) -> C``: ``config`` as given, or, when None, the
     carver's top-1 hint (the no-tuning default: one compile, no GPU timing).
 
-    ``target`` "auto" uses the local GPU; "sm_90a" (or a TVM target) compiles without one, for a check.
+    ``target`` "auto" uses the local GPU; "sm_90a", ``{"kind": "cuda", "arch": "sm_90a"}`` (or a TVM
+    target) compiles without one, for a check (the carver then models the GPU that arch names). Every
+    argument, the config and the target are checked before anything compiles: a bad value is a
+    ValueError (TypeError for a wrong type), "auto" or "cuda" without a GPU a :class:`CUDAUnavailableError`.
     """
-    import tilelang
-
     in_dtype = _dtype(dtype, IN_DTYPES, "dtype")
-    out_name = _default_out(in_dtype) if out_dtype is None else out_dtype
+    out_name = _default_out(in_dtype) if out_dtype is None else _dtype(out_dtype, OUT_DTYPES, "out_dtype")
+    problem = _check_problem(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B)
+    _cuda_target(target, "templates.matmul.compile(target=" + repr(target) + ")", problem)
     if config is None:
-        tmpl = carver_template(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B,
-                               arch=_carver_arch(arch, target))
+        tmpl = carver_template(problem.M, problem.N, problem.K, in_dtype, out_name, "float32", problem.trans_A,
+                               problem.trans_B, arch=_carver_arch(arch, target))
         config = _hint_configs(tmpl, 1)[0]
     cfg = normalize_config(config)
     pass_configs = cfg.pop(PASS_CONFIGS_KEY, None)
-    func = kernel(M, N, K, **cfg, in_dtype=in_dtype, out_dtype=out_name, trans_A=trans_A, trans_B=trans_B)
+    func = kernel(problem.M, problem.N, problem.K, **cfg, in_dtype=in_dtype, out_dtype=out_name,
+                  trans_A=problem.trans_A, trans_B=problem.trans_B)  # checks the config against the problem
+    import tilelang
+
     return tilelang.compile(func, out_idx=[-1], target=_tvm_target(target), pass_configs=pass_configs)
 
 
@@ -628,18 +719,27 @@ def tuner(
     three (the row-wise warp split and, for short K, the persistent kernel). Every candidate is checked
     against :func:`ref_program` with no mismatches allowed, and illegal ones are dropped by :func:`validate`
     before they reach nvcc (unless ``validate_configs`` is False: an exhaustive baseline should try
-    everything, as TileLang does).
+    everything, as TileLang does). Configs no GPU can run (bad keys or values, block_M=7, thread_num=4096)
+    are refused here with a ValueError either way.
+
+    ``target`` "auto" (or "cuda") needs a CUDA GPU: without one this raises :class:`CUDAUnavailableError`
+    before anything compiles. A compile-only target (``"sm_90a"`` or ``{"kind": "cuda", "arch": "sm_90a"}``
+    with no such GPU) gives a tuner whose candidates can be inspected and compiled, not run.
     """
     from autotuner import AutoTuner
 
     in_dtype = _dtype(dtype, IN_DTYPES, "dtype")
     out_name = _default_out(in_dtype) if out_dtype is None else _dtype(out_dtype, OUT_DTYPES, "out_dtype")
-    M, N, K, in_dtype, out_name, _, trans_A, trans_B = _check_problem(
-        M, N, K, in_dtype, out_name, "float32", trans_A, trans_B)
-    positive_int(topk, "topk")
+    problem = _check_problem(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B)
+    M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
+    topk = positive_int(topk, "topk")
+    split_k, variants = flag(split_k, "split_k"), flag(variants, "variants")
+    validate_configs = flag(validate_configs, "validate_configs")
+    _cuda_target(target, "templates.matmul.tuner/tune", problem)
+    given = None if configs is None else _checked_configs(problem, configs, "configs")
     tmpl = carver_template(M, N, K, in_dtype, out_name, "float32", trans_A, trans_B,
                            arch=_carver_arch(arch, target))
-    if configs is None:
+    if given is None:
         candidates = _hint_configs(tmpl, topk)
         hints = list(candidates)
         if split_k:
@@ -648,7 +748,7 @@ def tuner(
             candidates += hopper_variants(hints, M, N, K, _num_sms(tmpl), tmpl.arch.smem_per_block, in_dtype,
                                           out_name)
     else:
-        candidates = [normalize_config(c) for c in configs]
+        candidates = given
         if not candidates:
             raise ValueError("configs is empty; pass None for the carver's hints or default_space(M, N, K)")
     fn = functools.partial(kernel, M, N, K, in_dtype=in_dtype, out_dtype=out_name, accum_dtype="float32",
@@ -684,6 +784,10 @@ def tune(
     torch, times them (``warmup``/``rep`` are counts) and stores every trial; a later call for the same
     problem, in any process, returns the stored winner without compiling or timing. Use :func:`tuner` for
     the result object behind the kernel.
+
+    Without a CUDA GPU it raises :class:`CUDAUnavailableError` at once, before anything compiles; offline,
+    use :func:`carver_template` with a named arch for hints, or :func:`compile` with
+    ``target={"kind": "cuda", "arch": "sm_90a"}`` to check that a config compiles.
     """
     return tuner(M, N, K, dtype=dtype, trans_A=trans_A, trans_B=trans_B, topk=topk, arch=arch,
                  out_dtype=out_dtype, configs=configs, split_k=split_k,

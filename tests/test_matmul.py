@@ -14,6 +14,8 @@ from templates import matmul as mm
 
 BEST = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
 SMALL_M = dict(block_M=64, block_N=128, block_K=64, num_stages=3, thread_num=128, enable_rasterization=True)
+# tuner() needs a CUDA target: an explicit arch builds the tuner (compile-only) with or without a GPU.
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 
 def measured_gemm(M, N, K, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
@@ -300,7 +302,7 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
         return fake
 
     monkeypatch.setattr(mm, "carver_template", fake_carver_template)
-    t = mm.tuner(64, 4096, 4096, dtype="bf16", trans_A=True, trans_B=False, topk=2, arch="H100")
+    t = mm.tuner(64, 4096, 4096, dtype="bf16", trans_A=True, trans_B=False, topk=2, arch="H100", target=SM90A)
     assert seen == dict(M=64, N=4096, K=4096, in_dtype="bfloat16", out_dtype="bfloat16", trans_A=True,
                         arch="H100")
     hints = [SMALL_M, dict(SMALL_M, block_N=64)]
@@ -313,21 +315,21 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
     assert t.ref_prog(a, b).shape == (4, 6)  # A is (K, M), B is (K, N)
 
     exhaustive = mm.tuner(4096, 4096, 4096, configs=mm.default_space(4096, 4096, 4096), arch="H100",
-                          validate_configs=False)
+                          validate_configs=False, target=SM90A)
     assert len(exhaustive.configs) == 288 and exhaustive.validate is None  # the grid as TileLang runs it
     with pytest.raises(ValueError, match="configs is empty"):
-        mm.tuner(4096, 4096, 4096, configs=[], arch="H100")
+        mm.tuner(4096, 4096, 4096, configs=[], arch="H100", target=SM90A)
 
 
 def test_tuner_adds_hopper_variants_only_on_hopper():
     pytest.importorskip("autotuner")
     pytest.importorskip("carver")
-    hopper = mm.tuner(8192, 8192, 512, arch="H100", topk=4).configs
+    hopper = mm.tuner(8192, 8192, 512, arch="H100", topk=4, target=SM90A).configs
     extra = hopper[4:]
     assert extra and all(c.get("persistent") == 132 or c.get("warp_policy") == "full_row" for c in extra)
     assert any(c.get("persistent") for c in extra) and any(c.get("warp_policy") for c in extra)
-    assert mm.tuner(8192, 8192, 512, arch="H100", topk=4, variants=False).configs == hopper[:4]
-    ampere = mm.tuner(8192, 8192, 512, arch="A100-40GB", topk=4).configs
+    assert mm.tuner(8192, 8192, 512, arch="H100", topk=4, variants=False, target=SM90A).configs == hopper[:4]
+    ampere = mm.tuner(8192, 8192, 512, arch="A100-40GB", topk=4, target="sm_80").configs
     assert not any(c.get("persistent") or c.get("warp_policy") for c in ampere)
 
 
@@ -344,7 +346,7 @@ def test_real_carver_hints_build(shape, trans_A, trans_B):
     carver = pytest.importorskip("carver")
     if not hasattr(carver, "MatmulTemplate"):
         pytest.skip("carver.MatmulTemplate is not there yet")
-    t = mm.tuner(*shape, dtype="bfloat16", trans_A=trans_A, trans_B=trans_B, arch="H100")
+    t = mm.tuner(*shape, dtype="bfloat16", trans_A=trans_A, trans_B=trans_B, arch="H100", target=SM90A)
     assert 8 <= len(t.configs) <= 16
     for cfg in t.configs:
         assert t.validate(cfg) == [], cfg
