@@ -312,7 +312,7 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
     assert [int(d) for d in func.buffer_map[func.params[0]].shape] == [4096, 64]
     assert t.validate(dict(SMALL_M, block_M=256)) == ["too much shared memory"]
     a, b = torch.ones(8, 4, dtype=torch.bfloat16), torch.ones(8, 6, dtype=torch.bfloat16)
-    assert t.ref_prog(a, b).shape == (4, 6)  # A is (K, M), B is (K, N)
+    assert t.check_settings.ref_prog(a, b).shape == (4, 6)  # A is (K, M), B is (K, N)
 
     exhaustive = mm.tuner(4096, 4096, 4096, configs=mm.default_space(4096, 4096, 4096), arch="H100",
                           validate_configs=False, target=SM90A)
