@@ -9,6 +9,7 @@ never share a tuning result.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ class ResolvedTarget:
 
     def tvm(self):
         """The ``tvm.target.Target`` (imported lazily: tvm is heavy)."""
+        import tilelang  # noqa: F401 - puts its TVM on the path
         from tvm.target import Target
 
         return Target(self.spec)
@@ -52,6 +54,22 @@ def _local_cuda_arch() -> tuple[str, str] | None:
     major, minor = torch.cuda.get_device_capability(0)
     arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
     return arch, torch.cuda.get_device_name(0)
+
+
+_ARCH = re.compile(r"^sm_\d{2,3}[af]?$")
+
+
+def _check_with_tvm(spec: dict[str, Any]) -> None:
+    """TVM refuses keys it does not know ('bogus') and values of the wrong type; say so as a ValueError."""
+    import tilelang  # noqa: F401 - puts its TVM on the path
+    from tvm.target import Target
+
+    try:
+        Target(spec)
+    except Exception as e:  # noqa: BLE001 - TVM raises its own error types; the message is what matters
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ValueError(f"target {spec!r} is not a valid TVM target: {first}; use e.g. "
+                         "{'kind': 'cuda', 'arch': 'sm_90a'}") from None
 
 
 def resolve_target(target: Any) -> ResolvedTarget:
@@ -82,12 +100,16 @@ def resolve_target(target: Any) -> ResolvedTarget:
         )
     if isinstance(target, dict):
         spec = dict(target)
+        if "kind" not in spec:
+            raise ValueError(f"target {target!r} has no 'kind'; add 'kind': 'cuda' (or use 'c' for the CPU)")
+        _check_with_tvm(spec)
     elif hasattr(target, "export"):  # tvm.target.Target
         spec = {k: v for k, v in dict(target.export()).items() if k in ("kind", "arch", "keys", "tag") and v}
         spec.pop("keys", None)
         spec.pop("tag", None)
     else:
-        raise TypeError(f"target must be a str, dict or tvm.target.Target, got {type(target).__name__}")
+        raise TypeError(f"target must be 'auto', 'cuda', 'c', a dict such as {{'kind': 'cuda', 'arch': 'sm_90a'}} "
+                        f"or a tvm.target.Target, got {target!r} ({type(target).__name__})")
     kind = str(spec.get("kind", ""))
     if kind == "c":
         return ResolvedTarget(spec="c", kind="c", arch=None, device_name=None, runnable=True)
@@ -98,5 +120,7 @@ def resolve_target(target: Any) -> ResolvedTarget:
             raise ValueError(f"target {spec!r} has no 'arch' and no GPU is visible; add e.g. 'arch': 'sm_90a'")
         spec["arch"] = local[0]
     arch = str(spec["arch"])
+    if not _ARCH.match(arch):
+        raise ValueError(f"target arch {arch!r} is not a CUDA architecture; write it as 'sm_90a', 'sm_80', 'sm_89'...")
     runnable = local is not None and local[0].rstrip("a") == arch.rstrip("a")
     return ResolvedTarget(spec, "cuda", arch, local[1] if runnable else None, runnable)
