@@ -2,11 +2,18 @@
 
 Layout of the work:
 
-* joblib runs one task per config on its worker processes (loky by default, all cores; an outer
-  ``joblib.parallel_config(backend="dask"|"ray")`` moves them to a cluster).
-* Inside a task, the compile itself runs in a forked child in its own process group. A compile
+* One task per config runs on worker processes: by default a pool forked from the parent (all
+  cores), else joblib's ``loky``, ``dask`` or ``ray`` backends.
+* Inside a task, the compile runs in a forked child that leads its own session (a Ctrl-C meant
+  for the terminal's process group does not reach it) and forks the compiler proper. A compile
   that hangs past ``timeout`` is killed with its nvcc grandchildren; one that segfaults is a
   ``compile_error`` with its signal. Either way the worker survives for the next task.
+* Nothing outlives the run (:mod:`.procs`): the pool is terminated when the consumer stops early
+  (Ctrl-C, an error); a worker that is terminated, or whose parent dies, kills its compile child's
+  group first; the group leader kills its group when the worker dies, even of SIGKILL. Each compile
+  gets its own temporary directory (inside the run's :func:`.procs.run_scratch` directory when
+  there is one), removed when the compile ends, so the ``.cpp``/``.so`` pairs TileLang leaves in
+  ``$TMPDIR`` and the scratch of a killed gcc or nvcc are not left behind.
 * The child compiles through ``tilelang.compile``, which stores the built library in TileLang's
   disk cache. The parent later calls the same :func:`tl_compile` on the same PrimFunc and gets a
   disk hit: it loads a shared object instead of compiling a second time.
@@ -30,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from . import procs
 from .config import merge_pass_configs, split_config
 
 __all__ = ["CompileOutcome", "build", "compile_all", "kernel_sources", "tl_compile"]
@@ -164,15 +172,67 @@ def _seed_linecache(sources: dict[str, list[str]]) -> None:
         linecache.cache[name] = (sum(map(len, lines)), None, list(lines), name)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], target_spec: Any,
-                   pass_configs: dict[str, Any] | None, wfd: int) -> None:
-    """Runs in the forked child: compile one config, report through ``wfd``, never return."""
+                   pass_configs: dict[str, Any] | None, wfd: int, workdir: str, worker: int) -> None:
+    """Runs in the forked compile child: lead a new session, compile in a grandchild, never return.
+
+    The child leads its own process group, so that a timeout (or the worker's death) kills the
+    compiler and its nvcc/gcc in one ``killpg``. It does not compile itself: it forks the compiler
+    and waits, so that it can always act on its group. When its worker dies, even of SIGKILL, it
+    gets SIGTERM (``PR_SET_PDEATHSIG``) and kills the group; when the compiler ends, it reports a
+    crash (a result is written by the compiler itself) and kills whatever the compiler left behind.
+    """
+    import pickle
+
+    leader = False
+    try:
+        os.setsid()  # own session and process group, so a timeout kills nvcc too
+        leader = True
+        procs.use_tempdir(workdir)  # TileLang's .cpp/.so pair, gcc's and nvcc's scratch: all in workdir
+        signal.signal(signal.SIGTERM, _kill_own_group)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        procs.die_with_parent(worker, signal.SIGTERM)
+        me = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            _write_all(wfd, pickle.dumps(("compile_error", f"could not start the compiler process: {e}")))
+            raise
+        if pid == 0:
+            _compiler(payload, glb, config, target_spec, pass_configs, wfd, me)
+        _, wstatus = os.waitpid(pid, 0)
+        if wstatus != 0:  # the compiler died before it could write a result
+            if os.WIFSIGNALED(wstatus):
+                why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
+            else:
+                why = f"compiler process exited with status {os.waitstatus_to_exitcode(wstatus)} without a result"
+            _write_all(wfd, pickle.dumps(("compile_error", why)))
+    finally:
+        if leader:
+            os.killpg(0, signal.SIGKILL)  # whatever the compiler left running, and this process
+        os._exit(1)
+
+
+def _kill_own_group(signum: int, frame: Any) -> None:
+    os.killpg(0, signal.SIGKILL)
+
+
+def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_spec: Any,
+              pass_configs: dict[str, Any] | None, wfd: int, leader: int) -> None:
+    """Runs in the compiler process (the compile child's child): build, report through ``wfd``."""
     import pickle
 
     status, err = "ok", None
     try:
-        os.setsid()  # own process group, so a timeout kills nvcc too
-        # This throwaway child leaves through os._exit, which skips the finalizers that tell the
+        procs.die_with_parent(leader, signal.SIGKILL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # This throwaway process leaves through os._exit, which skips the finalizers that tell an
         # inherited multiprocessing resource tracker to forget objects made here; stop it from
         # registering them at all, or the parent warns of "leaked semaphores" at exit.
         from multiprocessing import resource_tracker
@@ -185,30 +245,31 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
         status = "compile_error"
         err = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"[-ERROR_CHARS:]
     try:
-        os.write(wfd, pickle.dumps((status, err)))
+        _write_all(wfd, pickle.dumps((status, err)))
     finally:
         os._exit(0)
 
 
-#: Set in the parent just before a pool of forked workers starts, so the workers inherit it: they
-#: report each outcome here as it finishes (joblib's multiprocessing backend returns only at the end).
-_DONE: Any = None
-
-
 def _compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                   config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
-                  timeout: float, parent_pid: int) -> CompileOutcome:
-    """One joblib task: compile in a killable child; report to ``_DONE`` when it is inherited."""
-    outcome = _compile_one(payload, glb, sources, index, config, target_spec, pass_configs, timeout, parent_pid)
-    if _DONE is not None and os.getpid() != parent_pid:
-        _DONE.put(outcome)
-    return outcome
+                  timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
+    """One task on a worker (or, with one job, in the parent): compile ``config`` in a killable child."""
+    return _compile_one(payload, glb, sources, index, config, target_spec, pass_configs, timeout, parent_pid,
+                        scratch)
+
+
+def _pool_task(args: tuple) -> CompileOutcome:
+    return _compile_task(*args)
 
 
 def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                  config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
-                 timeout: float, parent_pid: int) -> CompileOutcome:
-    """Fork a child that compiles ``config``; wait at most ``timeout`` seconds."""
+                 timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
+    """Fork a child that compiles ``config``; wait at most ``timeout`` seconds.
+
+    However this returns or raises (Ctrl-C in the parent, SIGTERM in a worker), the child's whole
+    process group is dead and reaped, and the compile's temporary directory removed, by then.
+    """
     import pickle
     import selectors
 
@@ -217,42 +278,56 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
     _seed_linecache(sources)
     import tilelang  # noqa: F401 - import once per worker so each forked child starts warm
 
+    workdir = procs.make_compile_dir(scratch)
+    me = os.getpid()
     t0 = time.perf_counter()
     rfd, wfd = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(rfd)
+        os.close(wfd)
+        procs.remove_tree(workdir)
+        raise
     if pid == 0:  # child
         os.close(rfd)
-        _child_compile(payload, glb, config, target_spec, pass_configs, wfd)
-    os.close(wfd)
+        _child_compile(payload, glb, config, target_spec, pass_configs, wfd, workdir, me)
+    procs.track(pid, workdir)  # a worker's SIGTERM handler kills it and removes workdir
     chunks: list[bytes] = []
-    deadline = t0 + timeout
     timed_out = False
-    with selectors.DefaultSelector() as sel:
-        sel.register(rfd, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                timed_out = True
-                break
-            if not sel.select(timeout=left):
-                continue
-            data = os.read(rfd, 1 << 16)
-            if not data:
-                break
-            chunks.append(data)
-    os.close(rfd)
-    if timed_out:
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-            except ProcessLookupError:
-                pass
-    _, wstatus = os.waitpid(pid, 0)
+    wstatus = 0
+    try:
+        os.close(wfd)
+        deadline = t0 + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(rfd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    timed_out = True
+                    break
+                if not sel.select(timeout=left):
+                    continue
+                data = os.read(rfd, 1 << 16)
+                if not data:
+                    break
+                chunks.append(data)
+    finally:
+        os.close(rfd)
+        # The child has written its result (or timed out, or we are being interrupted): kill the
+        # group before reaping its leader, whose pid keeps the group id from being reused.
+        procs.kill_group(pid)
+        _, wstatus = os.waitpid(pid, 0)
+        procs.untrack(pid)
+        procs.remove_tree(workdir)
     seconds = time.perf_counter() - t0
     if timed_out:
         return CompileOutcome(index, "timeout", f"compile exceeded compile_timeout={timeout:g} s; killed", seconds)
     if chunks:
-        status, err = pickle.loads(b"".join(chunks))
+        try:
+            status, err = pickle.loads(b"".join(chunks))
+        except (pickle.UnpicklingError, EOFError):
+            return CompileOutcome(index, "compile_error", "compiler process died while writing its result", seconds)
         return CompileOutcome(index, status, err, seconds)
     if os.WIFSIGNALED(wstatus):
         why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
@@ -280,11 +355,12 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
                 backend: str | None = None) -> Iterator[CompileOutcome]:
     """Compile ``configs[i]`` for each ``i`` in ``indices``; yield outcomes as they finish (any order).
 
-    ``backend`` is a joblib backend name (``"multiprocessing"``, ``"loky"``, ``"dask"``, ``"ray"``...);
-    ``None`` means :func:`default_backend`.
+    ``backend`` is ``"multiprocessing"`` (a pool forked from this process), or a joblib backend name
+    (``"loky"``, ``"dask"``, ``"ray"``...); ``None`` means :func:`default_backend`. Closing the
+    iterator early (or an exception or Ctrl-C while it waits) stops every compile and worker; use
+    ``contextlib.closing`` to make that immediate rather than left to garbage collection.
+    Temporary files go to per-compile directories inside the active :func:`.procs.run_scratch`.
     """
-    from joblib import Parallel, delayed
-
     if not indices:
         return iter(())
     payload = _cloudpickle().dumps(kernel)
@@ -295,52 +371,39 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
         n = min(len(indices), os.cpu_count() or 1)
     backend = backend or default_backend()
     me = os.getpid()
-    jobs = [delayed(_compile_task)(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me)
-            for i in indices]
+    scratch = procs.current_scratch()
+    tasks = [(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me, scratch) for i in indices]
     if backend == "multiprocessing":
-        if n > 1:
-            return _stream_forked(n, jobs)
-        backend = "sequential"  # one worker: compile in this process (each compile still in a child)
+        # one worker: compile from this process (each compile still in a killable child)
+        return _forked_pool(n, tasks) if n > 1 else (_compile_task(*t) for t in tasks)
+    from joblib import Parallel, delayed
+
+    jobs = [delayed(_compile_task)(*t) for t in tasks]
+    if backend == "loky" and n > 1:
+        from joblib.parallel import LokyBackend
+
+        return Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
+                        return_as="generator_unordered")(jobs)
     return Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")(jobs)
 
 
-def _stream_forked(n: int, jobs: list[Any]) -> Iterator[CompileOutcome]:
-    """Run ``jobs`` on joblib's fork-based multiprocessing backend and yield outcomes as they finish.
+def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
+    """Run ``tasks`` on ``n`` workers forked from this process; yield outcomes as they finish.
 
-    That backend returns results only when all are done, so the workers, forked after ``_DONE``
-    is set, also post each outcome to an inherited queue; joblib itself runs in a helper thread.
-    The pool forks all its workers when it starts, while the calling thread waits on the queue.
+    Forked workers start with TileLang imported. The pool is made on the first ``next()``; if the
+    consumer stops early (an exception, Ctrl-C, SIGTERM turned into ``SystemExit``, ``close()``),
+    it is terminated: each worker gets SIGTERM and kills its compile child's group on the way out.
     """
     import multiprocessing
-    import threading
 
-    from joblib import Parallel
-
-    global _DONE
-    queue = multiprocessing.get_context("fork").SimpleQueue()
-    _DONE = queue
-    failure: list[BaseException] = []
-
-    def drive() -> None:
-        try:
-            Parallel(n_jobs=n, backend="multiprocessing")(jobs)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the consuming thread
-            failure.append(e)
-        finally:
-            queue.put(None)
-
-    thread = threading.Thread(target=drive, name="tilecarve-compile", daemon=True)
-    thread.start()
-
-    def results() -> Iterator[CompileOutcome]:
-        global _DONE
-        try:
-            while (item := queue.get()) is not None:
-                yield item
-            thread.join()
-            if failure:
-                raise failure[0]
-        finally:
-            _DONE = None
-
-    return results()
+    pool = multiprocessing.get_context("fork").Pool(n, initializer=procs.worker_init, initargs=(os.getpid(),))
+    finished = False
+    try:
+        yield from pool.imap_unordered(_pool_task, tasks, chunksize=1)
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
