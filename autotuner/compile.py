@@ -235,9 +235,15 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
         # This throwaway process leaves through os._exit, which skips the finalizers that tell an
         # inherited multiprocessing resource tracker to forget objects made here; stop it from
         # registering them at all, or the parent warns of "leaked semaphores" at exit.
+        import multiprocessing
         from multiprocessing import resource_tracker
 
         resource_tracker.register = lambda *args, **kwargs: None
+        # In a loky worker the default context is loky's, whose locks are named semaphores in
+        # /dev/shm unlinked only by finalizers; TileLang's log handler makes one (tqdm's write
+        # lock) on every compile, and os._exit would leave it behind. Fork-context locks are
+        # unlinked as soon as they are made.
+        multiprocessing.set_start_method("fork", force=True)
         kernel = _cloudpickle().loads(payload)
         _restore_globals(kernel, glb)
         build(kernel, config, target_spec, pass_configs)
