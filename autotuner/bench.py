@@ -24,12 +24,12 @@ from typing import Any, Protocol
 
 from .check import compare, make_args, poison_, run_reference, same_bits
 from .compile import (
-    _cloudpickle,
-    _restore_globals,
-    _seed_linecache,
     build,
+    cloudpickle_module,
     kernel_globals,
     kernel_sources,
+    restore_globals,
+    seed_linecache,
 )
 from .errors import TuningInputError
 from .settings import CheckSettings, TimingSettings, resolve_out_idx
@@ -284,9 +284,9 @@ def _serve(fd: int) -> None:
 
     conn = Connection(fd)
     blob, glb, sources = conn.recv()
-    _seed_linecache(sources)
-    spec: BenchSpec = _cloudpickle().loads(blob)
-    _restore_globals(spec.kernel, glb)
+    seed_linecache(sources)
+    spec: BenchSpec = cloudpickle_module().loads(blob)
+    restore_globals(spec.kernel, glb)
     bench = Bench(spec)
     conn.send(("ready", None))
     while True:
@@ -330,7 +330,7 @@ class IsolatedBench:
     def __init__(self, spec: BenchSpec, run_timeout: float) -> None:
         self.spec = spec
         self.run_timeout = run_timeout
-        self._blob = _cloudpickle().dumps(spec)
+        self._blob = cloudpickle_module().dumps(spec)
         self._glb = kernel_globals(spec.kernel)
         self._sources = kernel_sources(spec.kernel)
         self._proc: Any = None

@@ -31,7 +31,6 @@ import logging
 import os
 import signal
 import time
-import traceback
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,13 +38,13 @@ from typing import Any
 
 from . import procs
 from .config import merge_pass_configs, split_config
+from .trial import Status, format_error
 
-__all__ = ["CompileOutcome", "build", "compile_all", "kernel_sources", "tl_compile"]
+__all__ = ["CompileOutcome", "build", "cloudpickle_module", "compile_all", "kernel_globals", "kernel_sources",
+           "restore_globals", "seed_linecache", "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
-#: How much of a compiler error we keep per trial: the tail carries the actual diagnostic.
-ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class CompileOutcome:
     """What one candidate's compile did."""
 
     index: int
-    status: str  # "ok" | "compile_error" | "timeout"
+    status: Status  # OK, COMPILE_ERROR or TIMEOUT
     error: str | None
     seconds: float
 
@@ -70,7 +69,7 @@ def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None 
     return tilelang.compile(func, out_idx=None, target=target_spec, pass_configs=pass_configs)
 
 
-def _cloudpickle() -> Any:
+def cloudpickle_module() -> Any:
     """cloudpickle pickles notebook and ``__main__`` functions by value; joblib < 1.5 vendors it."""
     try:
         import cloudpickle
@@ -129,7 +128,7 @@ def kernel_globals(kernel: Callable[..., Any]) -> bytes | None:
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     if module is not None and module.__name__ != "__main__" and getattr(module, "__file__", None):
         return None  # pickled by reference: the worker imports the real module
-    pickler = _cloudpickle()
+    pickler = cloudpickle_module()
     out: dict[str, bytes] = {}
     for name, value in list(getattr(fn, "__globals__", {}).items()):
         if name.startswith("__") or value is fn:
@@ -143,17 +142,17 @@ def kernel_globals(kernel: Callable[..., Any]) -> bytes | None:
     return pickler.dumps(out)
 
 
-def _restore_globals(kernel: Any, blob: bytes | None) -> None:
+def restore_globals(kernel: Any, blob: bytes | None) -> None:
     if blob is None:
         return
     fn = getattr(kernel, "func", kernel)
     glb = getattr(fn, "__globals__", None)
     if glb is None:
         return
-    for name, value in _cloudpickle().loads(blob).items():
+    for name, value in cloudpickle_module().loads(blob).items():
         if name not in glb:
             try:
-                glb[name] = _cloudpickle().loads(value)
+                glb[name] = cloudpickle_module().loads(value)
             except Exception:  # noqa: BLE001 - a global that fails to load is one the kernel may not need
                 continue
     if getattr(fn, "__module__", None) == "__main__":
@@ -166,7 +165,7 @@ def _restore_globals(kernel: Any, blob: bytes | None) -> None:
             main_dict.setdefault(name, value)
 
 
-def _seed_linecache(sources: dict[str, list[str]]) -> None:
+def seed_linecache(sources: dict[str, list[str]]) -> None:
     for name, lines in sources.items():
         # mtime None: linecache.checkcache() leaves entries without a file alone
         linecache.cache[name] = (sum(map(len, lines)), None, list(lines), name)
@@ -202,7 +201,7 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
         try:
             pid = os.fork()
         except OSError as e:
-            _write_all(wfd, pickle.dumps(("compile_error", f"could not start the compiler process: {e}")))
+            _write_all(wfd, pickle.dumps((Status.COMPILE_ERROR, f"could not start the compiler process: {e}")))
             raise
         if pid == 0:
             _compiler(payload, glb, config, target_spec, pass_configs, wfd, me)
@@ -212,7 +211,7 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
                 why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
             else:
                 why = f"compiler process exited with status {os.waitstatus_to_exitcode(wstatus)} without a result"
-            _write_all(wfd, pickle.dumps(("compile_error", why)))
+            _write_all(wfd, pickle.dumps((Status.COMPILE_ERROR, why)))
     finally:
         if leader:
             os.killpg(0, signal.SIGKILL)  # whatever the compiler left running, and this process
@@ -228,7 +227,7 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
     """Runs in the compiler process (the compile child's child): build, report through ``wfd``."""
     import pickle
 
-    status, err = "ok", None
+    status, err = Status.OK, None
     try:
         procs.die_with_parent(leader, signal.SIGKILL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -244,12 +243,12 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
         # lock) on every compile, and os._exit would leave it behind. Fork-context locks are
         # unlinked as soon as they are made.
         multiprocessing.set_start_method("fork", force=True)
-        kernel = _cloudpickle().loads(payload)
-        _restore_globals(kernel, glb)
+        kernel = cloudpickle_module().loads(payload)
+        restore_globals(kernel, glb)
         build(kernel, config, target_spec, pass_configs)
     except BaseException as e:  # noqa: BLE001 - any failure of the user's kernel or the compiler is a result
-        status = "compile_error"
-        err = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"[-ERROR_CHARS:]
+        status = Status.COMPILE_ERROR
+        err = format_error(e)  # the message whole, the traceback cut: the message names the fault
     try:
         _write_all(wfd, pickle.dumps((status, err)))
     finally:
@@ -281,7 +280,7 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
 
     if os.getpid() != parent_pid:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a worker process never touches the GPU
-    _seed_linecache(sources)
+    seed_linecache(sources)
     import tilelang  # noqa: F401 - import once per worker so each forked child starts warm
 
     workdir = procs.make_compile_dir(scratch)
@@ -328,18 +327,19 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
         procs.remove_tree(workdir)
     seconds = time.perf_counter() - t0
     if timed_out:
-        return CompileOutcome(index, "timeout", f"compile exceeded compile_timeout={timeout:g} s; killed", seconds)
+        return CompileOutcome(index, Status.TIMEOUT, f"compile exceeded compile_timeout={timeout:g} s; killed", seconds)
     if chunks:
         try:
             status, err = pickle.loads(b"".join(chunks))
         except (pickle.UnpicklingError, EOFError):
-            return CompileOutcome(index, "compile_error", "compiler process died while writing its result", seconds)
+            why = "compiler process died while writing its result"
+            return CompileOutcome(index, Status.COMPILE_ERROR, why, seconds)
         return CompileOutcome(index, status, err, seconds)
     if os.WIFSIGNALED(wstatus):
         why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
     else:
         why = f"compiler process exited with status {os.waitstatus_to_exitcode(wstatus)} without a result"
-    return CompileOutcome(index, "compile_error", why, seconds)
+    return CompileOutcome(index, Status.COMPILE_ERROR, why, seconds)
 
 
 def default_backend() -> str:
@@ -369,7 +369,7 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
     """
     if not indices:
         return iter(())
-    payload = _cloudpickle().dumps(kernel)
+    payload = cloudpickle_module().dumps(kernel)
     glb = kernel_globals(kernel)
     sources = kernel_sources(kernel)
     n = n_jobs if n_jobs is not None else -1
