@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from . import procs
 from .check import compare, make_args, poison_, run_reference, same_bits
 from .compile import (
     build,
@@ -343,8 +344,8 @@ class IsolatedBench:
         # __main__ (re-running a script that lacks an `if __name__ == "__main__"` guard).
         parent, child = multiprocessing.Pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", f"from autotuner.bench import _serve; _serve({child.fileno()})"],
+        self._proc = subprocess.Popen(  # dies with this process, even if it is SIGKILLed
+            procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()})"),
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn = parent

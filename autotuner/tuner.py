@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import procs
 from .bench import Bench, BenchSpec, Measurer, make_measurer, param_names, resolve_roles
 from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
 from .check import torch_dtype
@@ -336,15 +337,18 @@ class AutoTuner:
         spec = BenchSpec(self.fn, target.spec, target.device, self.compile_settings.pass_config_dict, c,
                          self.timing_settings)
         db = TuningDB(self.run_settings.db_path) if self.run_settings.cache else None
-        try:
-            if db is not None:
-                hit = self._from_cache(db, key, target, spec, t_start)
-                if hit is not None:
-                    return hit
-            return _Run(self, db, key, target, spec, t_start).tune()
-        finally:
-            if db is not None:
-                db.close()
+        # every process of the run writes its temporary files (TileLang's sources and libraries,
+        # gcc's and nvcc's scratch) into one directory that goes with the run
+        with procs.run_scratch():
+            try:
+                if db is not None:
+                    hit = self._from_cache(db, key, target, spec, t_start)
+                    if hit is not None:
+                        return hit
+                return _Run(self, db, key, target, spec, t_start).tune()
+            finally:
+                if db is not None:
+                    db.close()
 
     def _kernel_name(self) -> str:
         fn = getattr(self.fn, "func", self.fn)

@@ -419,3 +419,23 @@ def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_the
     assert r.latency == min(t.median_ms for t in r.trials)
     warm = tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, finalist_rounds=3).run(1, 2)
     assert warm.from_cache and warm.config == r.config and warm.trials[2].rounds == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. a run's temporary files go with it
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_run_leaves_no_temporary_files(tmp_path, monkeypatch, isolate):
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    cfgs = [dict(block_M=4, block_N=128 if isolate else 64), dict(block_M=128, block_N=4 if isolate else 8)]
+    r = tuner(add, cfgs, isolate=isolate).set_tuning(n_jobs=2, isolate=isolate, progress=False).run(1, 2)
+    assert [t.status for t in r.trials] == [Status.OK, Status.OK], r.trials
+    assert list(tmp.iterdir()) == []
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.testing.assert_close(r.kernel(a, b), a + b)  # the winner does not live in the removed directory
