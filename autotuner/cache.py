@@ -101,7 +101,7 @@ def _stable(value: Any, seen: set[int], depth: int) -> Any:
         return {str(k): _stable(v, seen, depth + 1) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, types.ModuleType):
         return f"module:{value.__name__}:{getattr(value, '__version__', '')}"
-    if isinstance(value, types.FunctionType) or hasattr(value, "func") and callable(value):
+    if isinstance(value, (types.FunctionType, types.MethodType)) or hasattr(value, "func") and callable(value):
         return function_fingerprint(value, seen, depth + 1)
     if isinstance(value, type):
         return f"class:{value.__module__}.{value.__qualname__}"

@@ -194,7 +194,8 @@ class CompileSettings:
     def __post_init__(self) -> None:
         from .target import resolve_target
 
-        resolve_target(self.target)  # a bad target is refused when it is set, not at run()
+        if self.target is not None and not (isinstance(self.target, str) and self.target == "auto"):
+            resolve_target(self.target)  # a bad target is refused when it is set, not at run(); "auto" never is
         _validate(self, ("compile_timeout",))
         pc = self.pass_configs
         if pc is not None and not isinstance(pc, (Mapping, tuple)):

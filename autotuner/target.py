@@ -77,8 +77,11 @@ def resolve_target(target: Any) -> ResolvedTarget:
 
     ``"auto"`` means the local CUDA GPU when there is one, otherwise TileLang's C target on the CPU.
     A CUDA target with an explicit ``arch`` that differs from the local GPU (or with no local GPU)
-    is compile-only: candidates compile, nothing runs.
+    is compile-only: candidates compile, nothing runs. A ResolvedTarget is returned as it is (a
+    template resolves its target once and hands the result on).
     """
+    if isinstance(target, ResolvedTarget):
+        return target
     local = _local_cuda_arch()
     if target is None or (isinstance(target, str) and target == "auto"):
         target = "cuda" if local else "c"

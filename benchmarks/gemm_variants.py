@@ -45,7 +45,7 @@ def run_case(M: int, N: int, K: int, dtype: str, topk: int) -> dict[str, Any]:
     from templates import matmul as mm
 
     tmpl = mm.carver_template(M, N, K, dtype)
-    hints = mm._hint_configs(tmpl, topk)
+    hints = mm.hint_configs(tmpl, topk)
     variants = mm.hopper_variants(hints, M, N, K, tmpl.arch.sm_count, tmpl.arch.smem_per_block, dtype, dtype,
                                   top=topk)
     t0 = time.perf_counter()

@@ -10,7 +10,10 @@ import pytest
 import tilelang.language as T
 import torch
 
+from autotuner.target import ResolvedTarget, resolve_target
+from carver.arch import CUDA
 from templates import matmul as mm
+from templates.protocol import carver_arch_name
 
 BEST = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
 SMALL_M = dict(block_M=64, block_N=128, block_K=64, num_stages=3, thread_num=128, enable_rasterization=True)
@@ -223,7 +226,7 @@ def test_hopper_variants():
         dict(four, num_stages=3, warp_policy="full_row", persistent=132),
         dict(tall, persistent=132),
     ]
-    assert all(mm._separate_c_smem_bytes(c, "float16", "float16") <= smem for c in short_k if c.get("persistent"))
+    assert all(mm.separate_c_smem_bytes(c, "float16", "float16") <= smem for c in short_k if c.get("persistent"))
     long_k = mm.hopper_variants([four, tall], 8192, 8192, 8192, 132, smem)
     assert long_k == [dict(four, warp_policy="full_row")]  # persistent measured slower at K >= 4096
     assert mm.hopper_variants([four], 256, 512, 512, 132, smem) == [dict(four, warp_policy="full_row")]  # 4 tiles
@@ -249,10 +252,10 @@ def test_validate_checks_the_persistent_kernels_shared_memory():
 
 def test_split_k_limit():
     for K, bk in ((4096, 64), (4000, 64), (1000, 32), (100, 64), (130, 64)):
-        s = mm._split_k_limit(K, bk)
-        mm._check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s)  # the limit is legal
+        s = mm.split_k_limit(K, bk)
+        mm.check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s)  # the limit is legal
         with pytest.raises(ValueError):
-            mm._check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s + 1)
+            mm.check_config(K, "float16", 64, 64, bk, 2, 128, True, 10, s + 1)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -301,10 +304,10 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
         seen.update(M=M, N=N, K=K, in_dtype=in_dtype, out_dtype=out_dtype, trans_A=trans_A, arch=arch)
         return fake
 
-    monkeypatch.setattr(mm, "carver_template", fake_carver_template)
+    monkeypatch.setattr(mm.space, "carver_template", fake_carver_template)  # where hints are ranked
     t = mm.tuner(64, 4096, 4096, dtype="bf16", trans_A=True, trans_B=False, topk=2, arch="H100", target=SM90A)
     assert seen == dict(M=64, N=4096, K=4096, in_dtype="bfloat16", out_dtype="bfloat16", trans_A=True,
-                        arch="H100")
+                        arch=CUDA("H100"))  # the arch resolved once, to the carver's description
     hints = [SMALL_M, dict(SMALL_M, block_N=64)]
     assert t.configs[:2] == hints
     assert [c.get("split_k") for c in t.configs[2:]] == [2, 4, 8, 2, 4]  # 32 and 64 tiles on 132 SMs
@@ -334,9 +337,13 @@ def test_tuner_adds_hopper_variants_only_on_hopper():
 
 
 def test_carver_arch_follows_a_compile_only_target():
-    assert mm._carver_arch(None, "sm_90a") == "sm_90a"
-    assert mm._carver_arch(None, "auto") == "cuda"
-    assert mm._carver_arch("H200", "sm_90a") == "H200"
+    compile_only = resolve_target(SM90A)
+    local = ResolvedTarget(SM90A, "cuda", "sm_90a", "NVIDIA H100 80GB HBM3", True)
+    assert carver_arch_name(None, "sm_90a", compile_only) == "sm_90a"
+    assert carver_arch_name(None, "auto", local) == "cuda"
+    assert carver_arch_name("H200", "sm_90a", compile_only) == "H200"
+    assert mm.MATMUL.resolve(None, "sm_90a").arch == CUDA("sm_90a")
+    assert mm.MATMUL.resolve(None, "sm_90a", "H200").arch == CUDA("H200")
 
 
 @pytest.mark.parametrize("shape", [(4096, 4096, 4096), (64, 4096, 4096), (4000, 4097, 1000)])

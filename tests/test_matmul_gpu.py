@@ -56,8 +56,8 @@ def make_inputs(M, N, K, in_dtype="float16", trans_A=False, trans_B=True, seed=0
     g = torch.Generator(device="cuda").manual_seed(seed)
     a = torch.randn(M, K, device="cuda", generator=g)
     b = torch.randn(K, N, device="cuda", generator=g)
-    a = a.to(mm._torch_dtype(in_dtype))
-    b = b.to(mm._torch_dtype(in_dtype))
+    a = a.to(mm.torch_dtype(in_dtype))
+    b = b.to(mm.torch_dtype(in_dtype))
     A = a.T.contiguous() if trans_A else a
     B = b.T.contiguous() if trans_B else b
     return A, B, a.float() @ b.float()
@@ -96,7 +96,7 @@ def test_correct_against_torch(name, compiled):
         raise jit
     in_dtype = kw.get("in_dtype", "float16")
     A, B, ref = make_inputs(M, N, K, in_dtype, kw.get("trans_A", False), kw.get("trans_B", True))
-    C = torch.full((M, N), float("nan"), device="cuda", dtype=mm._torch_dtype(kw.get("out_dtype", "float16")))
+    C = torch.full((M, N), float("nan"), device="cuda", dtype=mm.torch_dtype(kw.get("out_dtype", "float16")))
     jit(A, B, C)
     torch.cuda.synchronize()
     assert_matches(C, ref, in_dtype)

@@ -275,8 +275,8 @@ def test_a_tvm_target_object_is_judged_too(no_gpu, nothing_compiles):
 
     with pytest.raises(ValueError, match="not supported"):
         mm.compile(4096, 4096, 4096, BEST, target=Target("llvm"))
-    assert mm._carver_arch(None, Target({"kind": "cuda", "arch": "sm_80"})) == "sm_80"
-    assert mm._carver_arch(None, {"kind": "cuda", "arch": "sm_89"}) == "sm_89"
+    assert mm.MATMUL.resolve(None, Target({"kind": "cuda", "arch": "sm_80"})).arch == CUDA("sm_80")
+    assert mm.MATMUL.resolve(None, {"kind": "cuda", "arch": "sm_89"}).arch == CUDA("sm_89")
 
 
 # ---------------------------------------------------------------------------- class 13: no GPU at all

@@ -1,0 +1,195 @@
+"""The matmul family's program: ``C = op(A) @ op(B)`` with fp32 accumulation, as one ``T.prim_func``.
+
+Layouts: ``A`` is ``(M, K)``, or ``(K, M)`` when ``trans_A``; ``B`` is ``(K, N)``, or ``(N, K)`` when
+``trans_B`` (the default, the layout of ``x @ W.T`` and of the measured grids). ``C`` is ``(M, N)``.
+
+The plain path (``split_k == 1``) builds exactly the program that produced the measured grids in
+``../shared/data/h200-gemm-grid`` (``../shared/tools/measure_gemm_grid.py``) for the default layout,
+dtypes and ``panel_size``; ``tests/test_matmul.py`` checks that, so the shared data stays valid.
+
+``split_k > 1`` is for few output tiles and long K (small M): the K loop is split over a third grid
+dimension; every split writes its fp32 partial tile into a workspace ``(split_k, M, N)`` that the kernel
+allocates itself (``T.alloc_global``: TVM's pooled device workspace, not the torch allocator), and a
+second kernel in the same program sums the partials and casts once into ``C``. So the output dtype does
+not change, ``C`` needs no zero-fill, the result is deterministic (no atomics) and rounds once, like the
+plain path. The cost is ``split_k * M * N * 4`` bytes of workspace and ``2 * split_k * M * N * 4`` bytes
+of extra traffic, which only pays when M*N is small next to the work per tile.
+
+Two more knobs express what TileLang's grid cannot (``templates.matmul.space.hopper_variants`` proposes
+them on Hopper): ``warp_policy="full_row"`` gives each warpgroup whole rows of the block (one m64n256
+wgmma rather than two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk the
+tiles, so the producer warpgroup loads the next tile while the consumers store this one.
+"""
+
+# No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations (shapes
+# from this function's locals) as expressions.
+import math
+from typing import TYPE_CHECKING
+
+from carver.validity import require_matmul_config
+
+from .config import CONFIG_KEYS, MatmulConfig, MatmulProblem, k_per_split, make_problem
+
+if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
+    from tvm.tirx import PrimFunc
+
+__all__ = ["kernel", "program"]
+
+
+def program(problem: MatmulProblem, config: MatmulConfig) -> "PrimFunc":
+    """Build the GEMM ``T.prim_func`` for one config (nothing is compiled here).
+
+    Everything the program depends on is in this one function body, on purpose: the autotuner keys its
+    cache on this function's source plus the values bound to it, so an edit to the program must be an
+    edit here. Shapes that do not divide by the tile are handled by ``T.copy``'s boundary predication
+    (out-of-range loads read zeros, out-of-range stores are skipped).
+    """
+    import tilelang.language as T
+
+    # The carver's rules no GPU escapes, for this problem, before any TIR is built (the config's own
+    # values were checked when it was made, the problem's when it was).
+    require_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
+    M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
+    in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
+    block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
+        persistent = (getattr(config, k) for k in CONFIG_KEYS)
+    policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
+              "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
+    A_shape = (K, M) if trans_A else (M, K)
+    B_shape = (N, K) if trans_B else (K, N)
+    A_tile = (block_K, block_M) if trans_A else (block_M, block_K)
+    B_tile = (block_N, block_K) if trans_B else (block_K, block_N)
+
+    if persistent:
+        # `persistent` resident CTAs walk the tiles (tile w * persistent + cta): on Hopper the producer
+        # warpgroup loads the next tile's first stages while the consumers store this tile's C, so the
+        # epilogue and the pipeline fill stop costing a full tile each. No shared buffer is reused
+        # across tiles, so C's staging tile sits beside the A/B stages (see `separate_c_smem_bytes`).
+        m_tiles, n_tiles = math.ceil(M / block_M), math.ceil(N / block_N)
+        waves = math.ceil(m_tiles * n_tiles / persistent)
+        swizzle = panel_size if enable_rasterization else 1
+
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(persistent, threads=thread_num) as (cta,):
+                A_shared = T.alloc_shared(A_tile, in_dtype)
+                B_shared = T.alloc_shared(B_tile, in_dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+                C_shared = T.alloc_shared((block_M, block_N), out_dtype)
+                sched = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=persistent, swizzle_size=swizzle,
+                                                  stateful=False)
+                for w in T.serial(waves):
+                    tm, tn = sched.coord(w * persistent + cta)
+                    if tm < m_tiles and tn < n_tiles:
+                        T.clear(C_local)
+                        for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                            if trans_A:
+                                T.copy(A[k * block_K, tm * block_M], A_shared)
+                            else:
+                                T.copy(A[tm * block_M, k * block_K], A_shared)
+                            if trans_B:
+                                T.copy(B[tn * block_N, k * block_K], B_shared)
+                            else:
+                                T.copy(B[k * block_K, tn * block_N], B_shared)
+                            T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B,
+                                   policy=policy)
+                        T.copy(C_local, C_shared)
+                        T.copy(C_shared, C[tm * block_M, tn * block_N])
+
+        return main
+
+    if split_k == 1:
+        # For trans_A=False, trans_B=True, in == out dtype and panel_size=10 this is, statement for
+        # statement, the program of the measured grids (tests/test_matmul.py compares the TIR).
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):
+                A_shared = T.alloc_shared(A_tile, in_dtype)
+                B_shared = T.alloc_shared(B_tile, in_dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+                C_shared = T.alloc_shared((block_M, block_N), out_dtype)
+                T.use_swizzle(panel_size=panel_size, enable=enable_rasterization)
+                T.clear(C_local)
+                for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
+                    if trans_A:
+                        T.copy(A[k * block_K, by * block_M], A_shared)
+                    else:
+                        T.copy(A[by * block_M, k * block_K], A_shared)
+                    if trans_B:
+                        T.copy(B[bx * block_N, k * block_K], B_shared)
+                    else:
+                        T.copy(B[k * block_K, bx * block_N], B_shared)
+                    T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
+                T.copy(C_local, C_shared)
+                T.copy(C_shared, C[by * block_M, bx * block_N])
+
+        return main
+
+    # split_k > 1: split z owns K tiles [z * k_tiles, (z + 1) * k_tiles); the tail past K reads zeros.
+    k_tiles = k_per_split(K, block_K, split_k) // block_K
+    red_M, red_N, red_threads = 16, 128, 128  # the reduction: 16 fp32 partial sums per thread and split
+
+    @T.prim_func
+    def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+             C: T.Tensor((M, N), out_dtype)):
+        W = T.alloc_global((split_k, M, N), accum_dtype)
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k,
+                      threads=thread_num) as (bx, by, bz):
+            A_shared = T.alloc_shared(A_tile, in_dtype)
+            B_shared = T.alloc_shared(B_tile, in_dtype)
+            C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+            T.use_swizzle(panel_size=panel_size, enable=enable_rasterization)
+            T.clear(C_local)
+            for k in T.Pipelined(k_tiles, num_stages=num_stages):
+                if trans_A:
+                    T.copy(A[(bz * k_tiles + k) * block_K, by * block_M], A_shared)
+                else:
+                    T.copy(A[by * block_M, (bz * k_tiles + k) * block_K], A_shared)
+                if trans_B:
+                    T.copy(B[bx * block_N, (bz * k_tiles + k) * block_K], B_shared)
+                else:
+                    T.copy(B[(bz * k_tiles + k) * block_K, bx * block_N], B_shared)
+                T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
+            T.copy(C_local, W[bz, by * block_M, bx * block_N])
+        with T.Kernel(T.ceildiv(N, red_N), T.ceildiv(M, red_M), threads=red_threads) as (rx, ry):
+            C_sum = T.alloc_fragment((red_M, red_N), accum_dtype)
+            T.clear(C_sum)
+            for s in T.serial(split_k):
+                for i, j in T.Parallel(red_M, red_N):
+                    if ry * red_M + i < M and rx * red_N + j < N:
+                        C_sum[i, j] += W[s, ry * red_M + i, rx * red_N + j]
+            T.copy(C_sum, C[ry * red_M, rx * red_N])
+
+    return main
+
+
+def kernel(
+    M: int,
+    N: int,
+    K: int,
+    block_M: int,
+    block_N: int,
+    block_K: int,
+    num_stages: int,
+    thread_num: int,
+    enable_rasterization: bool,
+    in_dtype: str = "float16",
+    out_dtype: str = "float16",
+    accum_dtype: str = "float32",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    panel_size: int = 10,
+    split_k: int = 1,
+    warp_policy: str = "square",
+    persistent: int = 0,
+) -> "PrimFunc":
+    """:func:`program` with loose arguments: the kernel function with reserved parameters, as TileLang's
+    examples write it (``functools.partial(kernel, M, N, K)`` is a kernel for TileLang's AutoTuner).
+    Every argument is checked by the carver's rules before any TIR is built."""
+    problem = make_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+    config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+                          thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
+                          split_k=split_k, warp_policy=warp_policy, persistent=persistent)
+    return program(problem, config)

@@ -1,0 +1,287 @@
+"""The matmul family's configs: the exhaustive baseline, the carver's ranked candidates with their
+variants (split-K for few waves, the Hopper variants), and the validity check.
+
+The typed functions (:func:`space`, :func:`candidates`, :func:`check`) take a
+:class:`~carver.problem.MatmulProblem`, a :class:`~carver.arch.GPUArch` and :class:`MatmulConfig`s;
+the dict-based ones (:func:`default_space`, :func:`split_k_candidates`, :func:`hopper_variants`,
+:func:`validate`, :func:`carver_template`) are the older API, kept with their signatures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
+from carver.validity import check_matmul_config, split_k_limit
+
+from .config import (
+    AUTO_WS,
+    CARVER_KEYS,
+    EXTRA_DEFAULTS,
+    IN_DTYPES,
+    PASS_CONFIGS_KEY,
+    MatmulConfig,
+    check_dtype,
+    checked_configs,
+    default_out,
+    kernel_part,
+    make_problem,
+    normalize_config,
+    separate_c_smem_bytes,
+)
+
+if TYPE_CHECKING:
+    from carver.arch import GPUArch
+
+__all__ = [
+    "GRID",
+    "candidates",
+    "carver_template",
+    "check",
+    "default_space",
+    "hint_configs",
+    "hopper_variants",
+    "hopper_variants_for",
+    "space",
+    "split_k_candidates",
+    "split_k_variants",
+    "validate",
+]
+
+#: TileLang's GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
+GRID: dict[str, list[Any]] = {
+    "block_M": [64, 128, 256],
+    "block_N": [64, 128, 256],
+    "block_K": [32, 64],
+    "num_stages": [0, 1, 2, 3],
+    "thread_num": [128, 256],
+    "enable_rasterization": [True, False],
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# The exhaustive baseline
+# --------------------------------------------------------------------------------------------------
+def default_space(M: int, N: int, K: int) -> list[dict[str, Any]]:
+    """TileLang's 288-config GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
+
+    It does not depend on the shape; M, N and K are taken so every template's space has one signature.
+    Some configs do not fit (e.g. 256x256 tiles with 3 stages overflow shared memory): the exhaustive
+    baseline is the grid as TileLang users run it, so they stay in and fail as trials.
+    """
+    for value, name in ((M, "M"), (N, "N"), (K, "K")):
+        shape_dim(value, name)
+    return [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+
+
+def space(problem: MatmulProblem) -> list[MatmulConfig]:
+    """:func:`default_space` as configs: the protocol's exhaustive baseline."""
+    return [MatmulConfig(**c) for c in default_space(problem.M, problem.N, problem.K)]
+
+
+# --------------------------------------------------------------------------------------------------
+# The carver and the one validity check
+# --------------------------------------------------------------------------------------------------
+def carver_template(
+    M: int,
+    N: int,
+    K: int,
+    in_dtype: str = "float16",
+    out_dtype: str | None = None,
+    accum_dtype: str = "float32",
+    trans_A: bool = False,
+    trans_B: bool = True,
+    arch: Any = "cuda",
+) -> Any:
+    """The carver's model of this kernel on ``arch`` (a name such as "H100", "sm_90a", "cuda" for the
+    local GPU, or an arch object): ``.recommend_hints(topk)``, ``.validate(config)``, ``.rank(configs)``."""
+    from carver import MatmulTemplate
+    from carver import arch as carver_arch
+
+    p = make_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
+    tmpl = MatmulTemplate(M=p.M, N=p.N, K=p.K, in_dtype=p.in_dtype, out_dtype=p.out_dtype,
+                          accum_dtype=p.accum_dtype, trans_A=p.trans_A, trans_B=p.trans_B)
+    return tmpl.with_arch(carver_arch.CUDA(arch) if isinstance(arch, str) else arch)
+
+
+def _carver_for(problem: MatmulProblem, arch: Any) -> Any:
+    return carver_template(problem.M, problem.N, problem.K, problem.in_dtype, problem.out_dtype,
+                           problem.accum_dtype, problem.trans_A, problem.trans_B, arch=arch)
+
+
+def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> list[str]:
+    """Why ``config`` cannot run (empty: legal): the carver's rules no GPU escapes, with the kernel's own
+    keys, then the carver template's rules for its GPU, then the separate C tile's shared memory.
+
+    The carver's validity is the one validity function (STYLE.md 4); this returns problems instead of
+    raising, so the autotuner can drop a candidate before it reaches nvcc and say why. The carver models
+    the grid's program: ``warp_policy`` and ``persistent`` change neither its registers nor its tile, so
+    the carver template judges the config without them.
+    """
+    try:
+        cfg = normalize_config(config)
+    except (ValueError, TypeError) as e:
+        return [str(e)]
+    problem = getattr(tmpl, "problem", None)
+    if isinstance(problem, MatmulProblem):
+        problem = dataclasses.replace(problem, K=K, in_dtype=in_dtype)
+    else:  # a stand-in carver template: the rules that need only K and the dtype (M = N = 1)
+        problem = MatmulProblem(1, 1, K, in_dtype)
+    problems = check_matmul_config(problem, kernel_part(cfg), kernel_keys=True, arch_stand_ins=False)
+    if problems:
+        return problems
+    full = {**EXTRA_DEFAULTS, **cfg}
+    problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS}))
+    separate_c = "persistent" if full["persistent"] else (
+        "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
+    if separate_c:
+        need = separate_c_smem_bytes(full, problem.in_dtype, problem.out_dtype)
+        limit = getattr(getattr(tmpl, "arch", None), "smem_per_block", None)
+        if limit is not None and need > limit:
+            problems.append(
+                f"{separate_c} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
+                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile does not reuse the A/B "
+                f"stages), over the {limit} per block; use fewer stages")
+    return problems
+
+
+def check(problem: MatmulProblem, config: MatmulConfig, arch: GPUArch | None = None) -> list[str]:
+    """Why ``config`` cannot run for ``problem`` (empty: legal), from the carver's rule table: on ``arch``
+    with its own limits (:func:`validate`), or, with no arch, the rules no GPU escapes."""
+    if arch is None:
+        return check_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
+    return validate(_carver_for(problem, arch), problem.K, problem.in_dtype, config.to_dict())
+
+
+def hint_configs(tmpl: Any, topk: int) -> list[dict[str, Any]]:
+    """The carver template's top ``topk`` hints as normalised config dicts, without duplicates."""
+    configs: list[dict[str, Any]] = []
+    for hint in tmpl.recommend_hints(topk=topk):
+        cfg = normalize_config(hint.to_config())
+        if cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
+# --------------------------------------------------------------------------------------------------
+# Variants of the carver's hints
+# --------------------------------------------------------------------------------------------------
+def _tiles(problem: MatmulProblem, cfg: MatmulConfig) -> int:
+    return math.ceil(problem.M / cfg.block_M) * math.ceil(problem.N / cfg.block_N)
+
+
+def split_k_variants(problem: MatmulProblem, configs: Sequence[MatmulConfig], num_sms: int, per_config: int = 3,
+                     top: int = 2) -> list[MatmulConfig]:
+    """Split-K variants of the top configs when their output tiles fill less than one wave of SMs.
+
+    With M=64, N=4096 and 64x128 tiles there are 32 tiles for 132 SMs: three quarters of the GPU idles
+    whatever the tile. Splitting K over ``s`` CTAs per tile fills it; candidates are ``s`` near
+    ``SMs / tiles`` and its neighbours, so the autotuner (not a guess) picks one.
+    """
+    out: list[MatmulConfig] = []
+    for cfg in configs[:top]:
+        tiles = _tiles(problem, cfg)
+        if cfg.split_k != 1 or tiles >= num_sms:
+            continue
+        fill = max(2, num_sms // tiles)
+        limit = min(split_k_limit(problem.K, cfg.block_K), 16)
+        for s in sorted({s for s in (fill // 2, fill, 2 * fill) if 2 <= s <= limit})[:per_config]:
+            candidate = dataclasses.replace(cfg, split_k=s)
+            if candidate not in out and candidate not in configs:
+                out.append(candidate)
+    return out
+
+
+def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], num_sms: int, smem_per_block: int,
+                        top: int = 3, persistent_max_k_iters: int = 16) -> list[MatmulConfig]:
+    """What the grid cannot express, tried on the top ``top`` configs: the other warp split and the
+    persistent kernel.
+
+    * ``warp_policy="full_row"`` when a block wider than tall has several consumer warpgroups: each takes
+      whole rows (one m64n256 wgmma instead of two m64n128), which reads less shared memory per FLOP.
+      For blocks at least as tall as wide TileLang's "square" split is already row-wise.
+    * ``persistent=num_sms`` when there is more than one wave of tiles and K is short (at most
+      ``persistent_max_k_iters`` K tiles): resident CTAs walk the tiles, and the producer loads the next
+      tile while the consumers store this one. Stages are cut until the C tile fits beside them, but not
+      below 3. On an H200 (2026-11-21, ``benchmarks/gemm_variants.py``, data in
+      ``benchmarks/data/gemm-variants-2026-11-21``) it made 8192x8192x512 1.09x faster and every shape
+      with K >= 4096 0.93-0.97x slower, hence the K limit; with 2 stages the 192x256 and 256x192
+      persistent kernels ran 3.4-4.9x slower than the same tiles unpersisted, hence the stage floor.
+
+    The carver does not model either (it ranks the grid's program); the autotuner measures them.
+    """
+    def smem(c: MatmulConfig) -> int:
+        return separate_c_smem_bytes(c.kernel_kwargs(), problem.in_dtype, problem.out_dtype)
+
+    out: list[MatmulConfig] = []
+    for cfg in configs[:top]:
+        if (cfg.split_k, cfg.warp_policy, cfg.persistent) != (1, "square", 0):
+            continue
+        groups = cfg.thread_num // 128 if cfg.thread_num % 128 == 0 else 0
+        policies = ["square"]
+        if groups > 1 and cfg.block_N > cfg.block_M and cfg.block_M % (groups * 64) == 0:
+            policies.append("full_row")
+        for policy in policies:
+            base = cfg if policy == "square" else dataclasses.replace(cfg, warp_policy=policy)
+            wanted = [] if policy == "square" else [base]
+            if _tiles(problem, cfg) > num_sms and math.ceil(problem.K / cfg.block_K) <= persistent_max_k_iters:
+                pers = dataclasses.replace(base, persistent=num_sms)
+                while pers.num_stages > 3 and smem(pers) > smem_per_block:
+                    pers = dataclasses.replace(pers, num_stages=pers.num_stages - 1)
+                if pers.num_stages >= 3 and smem(pers) <= smem_per_block:
+                    wanted.append(pers)
+            out += [c for c in wanted if c not in out and c not in configs]
+    return out
+
+
+def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
+               split_k: bool = True) -> list[MatmulConfig]:
+    """The carver's top ``topk`` hints for ``arch``, best first, then (with ``split_k``) split-K variants
+    of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
+    the Hopper variants of the top three. The first config is always the carver's top-1."""
+    if arch is None:
+        raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    hints = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), topk)]
+    out = list(hints)
+    if split_k:
+        out += split_k_variants(problem, hints, arch.sm_count)
+    if variants and arch.has_wgmma:
+        out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# The dict-based variants (older API)
+# --------------------------------------------------------------------------------------------------
+def split_k_candidates(
+    configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, per_config: int = 3,
+    top: int = 2,
+) -> list[dict[str, Any]]:
+    """:func:`split_k_variants` for config dicts (each checked first; the first bad one says which)."""
+    problem = MatmulProblem(M, N, K)  # fp16's block_K rule is the loosest of the template's dtypes
+    num_sms = positive_int(num_sms, "num_sms")
+    per_config = int_in_range(per_config, "per_config", 0, 2**31 - 1)
+    top = int_in_range(top, "top", 0, 2**31 - 1)
+    typed = [MatmulConfig.from_dict(c) for c in checked_configs(problem, configs, "configs")]
+    return [c.to_dict() for c in split_k_variants(problem, typed, num_sms, per_config, top)]
+
+
+def hopper_variants(
+    configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, smem_per_block: int,
+    in_dtype: str = "float16", out_dtype: str = "float16", top: int = 3, persistent_max_k_iters: int = 16,
+) -> list[dict[str, Any]]:
+    """:func:`hopper_variants_for` for config dicts (each checked first; the first bad one says which)."""
+    in_dtype = check_dtype(in_dtype, IN_DTYPES, "in_dtype")
+    # any output dtype the carver knows: only its size counts
+    problem = MatmulProblem(M, N, K, in_dtype, default_out(in_dtype) if out_dtype is None else out_dtype)
+    num_sms = positive_int(num_sms, "num_sms")
+    smem_per_block = positive_int(smem_per_block, "smem_per_block")
+    top = int_in_range(top, "top", 0, 2**31 - 1)
+    persistent_max_k_iters = int_in_range(persistent_max_k_iters, "persistent_max_k_iters", 0, 2**31 - 1)
+    typed = [MatmulConfig.from_dict(c) for c in checked_configs(problem, configs, "configs")]
+    return [c.to_dict() for c in hopper_variants_for(problem, typed, num_sms, smem_per_block, top,
+                                                      persistent_max_k_iters)]
