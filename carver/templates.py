@@ -7,8 +7,8 @@ flight per SM), over waves of CTAs. They reuse the family's calibrated latency a
 nothing here is calibrated on measurements of these kernels yet (docs/carver.md says so).
 
 Config keys: elementwise ``block_size`` (elements per CTA), ``thread_num``; GEMV ``block_N`` (output
-rows per CTA), ``block_K`` (reduction chunk per step), ``thread_num``; reduction ``block_M`` (rows per
-CTA), ``block_N`` (chunk per step), ``thread_num``.
+rows per CTA), ``block_K`` (reduction chunk per step), ``thread_num`` (``templates.gemv``'s kernel);
+reduction ``block_M`` (rows per CTA), ``block_N`` (chunk per step), ``thread_num``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,15 @@ from .model import ModelConstants, constants_for
 from .problem import INT32_MAX, canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, positive_int, shape_dim
 
 __all__ = [
+    "GEMV_GRID",
+    "GEMV_MAX_M",
     "ElementwiseTemplate",
     "GEMVTemplate",
     "GeneralReductionTemplate",
     "KernelHint",
     "KernelPrediction",
+    "gemv_space",
+    "gemv_vec",
 ]
 
 #: Fraction of the data-sheet DRAM bandwidth a streaming kernel reaches (H200: 4.3 of 4.8 TB/s copy).
@@ -307,32 +311,89 @@ class GeneralReductionTemplate(_MemoryBoundTemplate):
                      bytes_per_step=c["block_M"] * c["block_N"] * b, steps=math.ceil(self.N / c["block_N"]))
 
 
+#: The GEMV kernel's grid (``templates/gemv``): rows per CTA, threads along K per row (a power of two
+#: up to a warp, so the reduction is warp shuffles) and vectors each thread loads before it uses any.
+GEMV_GRID: dict[str, tuple[int, ...]] = {
+    "block_N": (1, 2, 4, 8, 16, 32),
+    "reduce_threads": (4, 8, 16, 32),
+    "unroll": (1, 2, 4, 8),
+}
+#: Rows of x (tokens) the GEMV kernel takes: past this a tensor-core GEMM (templates.matmul) wins.
+GEMV_MAX_M = 16
+
+
+def gemv_vec(K: int, dtype: str) -> int:
+    """Elements per vector load of a W row: the widest power of two, at most 16 bytes, that divides K
+    (rows of W start 16-byte aligned only when K is a multiple of 16 bytes: K = 4100 in fp16 takes 8-byte
+    loads, an odd K scalar ones)."""
+    vec = max(1, 16 // dtype_bytes(dtype))
+    while K % vec:
+        vec //= 2
+    return vec
+
+
+def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, int]]:
+    """The GEMV kernel's whole grid for this K and dtype, as ``block_N``, ``block_K``, ``thread_num``:
+    ``thread_num = block_N * reduce_threads`` (a multiple of 32), ``block_K = reduce_threads * vec *
+    unroll`` (``vec`` 0: the widest load K allows). The carver ranks exactly these; ``templates.gemv.space``
+    is this list."""
+    vec = vec or gemv_vec(K, dtype)
+    out = []
+    for bn, rt, un in itertools.product(*GEMV_GRID.values()):
+        if bn * rt % 32 == 0:
+            out.append(dict(block_N=bn, block_K=rt * vec * un, thread_num=bn * rt))
+    return out
+
+
 class GEMVTemplate(GeneralReductionTemplate):
-    """``y[N] = A[N, K] @ x[K]``: a row reduction with a shared vector (re-read per CTA, from L2)."""
+    """``y[M, N] = x[M, K] @ A[N, K].T`` for a few rows of x (``M``, default 1): a row reduction with a
+    shared vector (re-read per CTA, from L2). The rules and the space are those of ``templates.gemv``'s
+    kernel: ``thread_num / block_N`` threads reduce one row with warp shuffles, each loading
+    ``block_K / (thread_num / block_N)`` elements per step in vectors of :func:`gemv_vec`."""
 
     keys = ("block_N", "block_K", "thread_num")
 
     def __init__(self, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
-                 arch: GPUArch | str | None = None) -> None:
+                 arch: GPUArch | str | None = None, M: int = 1, vec: int = 0) -> None:
         N, self.K = shape_dim(N, "N"), shape_dim(K, "K")
+        self.rows = int_in_range(M, "M", 1, GEMV_MAX_M, meaning="rows of x",
+                                 fix=f"for more than {GEMV_MAX_M} rows use the GEMM (templates.matmul)")
+        widest = gemv_vec(self.K, canonical_dtype(dtype))
+        self.vec = int_in_range(vec, "vec", 0, 16, fix="use 0 (the widest load K allows)") or widest
+        if self.vec & (self.vec - 1) or widest % self.vec:
+            raise ValueError(f"vec={vec} elements cannot load rows of K={self.K} {canonical_dtype(dtype)} (a "
+                             f"power of two dividing K, at most 16 bytes: at most {widest} here); use vec=0 "
+                             f"(the widest, {widest}) or a power of two below it")
         super().__init__(M=N, N=K, dtype=dtype, out_dtype=out_dtype, arch=arch)
 
     def _args(self) -> dict[str, Any]:
-        return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype)
+        return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype, M=self.rows, vec=self.vec)
 
-    def _operand_bytes(self) -> int:  # A (N, K), x (K), y (N)
+    def _operand_bytes(self) -> int:  # A (N, K), x (M, K), y (M, N)
         b = dtype_bytes(self.dtype)
-        return self.M * self.K * b + self.K * b + self.M * dtype_bytes(self.out_dtype)
+        return self.M * self.K * b + self.rows * self.K * b + self.rows * self.M * dtype_bytes(self.out_dtype)
 
     def _space(self) -> Iterable[dict[str, int]]:
-        for c in super()._space():
-            yield dict(block_N=c["block_M"], block_K=c["block_N"], thread_num=c["thread_num"])
+        return gemv_space(self.K, self.dtype, self.vec)
 
     def _rules(self, c: dict[str, int]) -> list[str]:
-        return self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K")
+        out = self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K")
+        bn, bk, t = c["block_N"], c["block_K"], c["thread_num"]
+        rt = t // bn
+        vec = self.vec
+        pow2 = 2 ** (min(32, max(1, rt)).bit_length() - 1)
+        if t % bn or rt not in (1, 2, 4, 8, 16, 32):
+            out.append(f"thread_num / block_N must be a power of two up to 32 (threads reducing one row with warp "
+                       f"shuffles), got thread_num={t}, block_N={bn}; use thread_num={bn * pow2}")
+        elif bk % (rt * vec):
+            out.append(f"block_K must be a multiple of thread_num / block_N * vec = {rt} * {vec} (each thread "
+                       f"loads whole {vec}-element vectors; K={self.K} allows {vec}), got block_K={bk}; use "
+                       f"block_K={rt * vec * max(1, bk // (rt * vec))}")
+        return out
 
     def _work(self, c: dict[str, int]) -> _Work:
         b = dtype_bytes(self.dtype)
         w = super()._work(dict(block_M=c["block_N"], block_N=c["block_K"], thread_num=c["thread_num"]))
         # x is read once per step by every CTA; it stays in L2, so it costs latency, not DRAM bytes.
-        return _Work(w.ctas, w.bytes_total + self.K * b, w.bytes_per_step + c["block_K"] * b, w.steps)
+        return _Work(w.ctas, w.bytes_total + self.rows * (self.K * b + self.M * dtype_bytes(self.out_dtype)),
+                     w.bytes_per_step + self.rows * c["block_K"] * b, w.steps)
