@@ -1,0 +1,276 @@
+"""GEMV on the GPU: the exhaustive grid, the carver's top-8 against it, bandwidth against a copy, and the
+tuned kernel against torch (cuBLAS). One process, its own time limit, JSON written after every shape.
+
+    . .gpu/setup.sh && python3 benchmarks/gemv.py --out $OUT/gemv            # about 6-8 minutes
+    python3 benchmarks/gemv.py --quick --out /tmp/gemv                        # about 2 minutes
+
+Steps (``--steps grid,holdout,torch``, all by default):
+
+* ``grid``: every config of ``templates.gemv.space`` for the calibration shapes (M = 1 and 16 on
+  4096x4096 and 11008x4096, fp16), each checked against the fp32 product (zero mismatches at
+  atol = rtol = 1e-2) and timed; files ``grid/<M>x<N>x<K>-<dtype>.json`` in
+  ``benchmarks/measure_gemm_grid.py``'s format (``summary`` + ``results``, with ``family: gemv``), so
+  ``benchmarks/hint_quality.py --gemv-data`` scores them offline.
+* ``holdout``: the same on shapes not in the calibration data (Llama-3-8B), and the carver's best of
+  top-8 (``templates.gemv.candidates`` for the local GPU) as a fraction of the exhaustive best.
+* ``torch``: M = 1, 4, 16 on the Llama-3-8B weights (4096x4096, 14336x4096, 4096x14336, 128256x4096):
+  the best of the carver's top-8 against ``x @ W.T`` (cuBLAS) and against ``dst.copy_(src)`` of the
+  weight bytes, in interleaved rounds; bandwidth = weight bytes / time; geomean speedup per M.
+
+Timing: ``autotuner.timing.time_callable`` with CUDA graphs (``--backend``), L2 flushed by the
+function; a kernel of a few microseconds is launch-bound otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+CAL = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (16, 11008, 4096)]
+HOLDOUT = [(1, 14336, 4096), (4, 4096, 14336), (16, 14336, 4096), (4, 128256, 4096)]
+LLAMA = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)]
+MS = (1, 4, 16)
+QUICK_CAL = [(1, 4096, 4096), (16, 4096, 4096)]
+QUICK_HOLDOUT = [(4, 4096, 14336)]
+QUICK_LLAMA = [(4096, 4096), (14336, 4096)]
+
+T0 = time.time()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def dump(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from carver.arch import CUDA
+
+        self.args, self.torch = args, torch
+        self.deadline = T0 + args.time_limit
+        self.arch = CUDA("cuda")
+        self.device = torch.cuda.get_device_name()
+        self.out = Path(args.out)
+        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def time(self, fn: Any, rep: int | None = None) -> float:
+        from autotuner.timing import time_callable
+
+        return time_callable(fn, 5, rep or self.args.rep, "cuda", backend=self.args.backend).median_ms
+
+    def inputs(self, M: int, N: int, K: int, dtype: str) -> tuple[Any, Any, Any]:
+        torch = self.torch
+        g = torch.Generator(device="cuda").manual_seed(M * 1000003 + N * 7 + K)
+        dt = getattr(torch, dtype)
+        x = torch.randn(M, K, device="cuda", generator=g).to(dt)
+        W = (torch.randn(N, K, device="cuda", generator=g) / math.sqrt(K)).to(dt)
+        ref = (x.float() @ W.float().T)
+        return x, W, ref
+
+    def compile_all(self, problem: Any, configs: list[Any]) -> list[tuple[Any, Any, float, str | None]]:
+        import tilelang
+
+        from templates.gemv import GEMV
+
+        def one(cfg: Any) -> tuple[Any, Any, float, str | None]:
+            t = time.time()
+            try:
+                k = tilelang.compile(GEMV.program(problem, cfg), out_idx=[-1], target="cuda")
+                return cfg, k, time.time() - t, None
+            except Exception as e:  # a failing config is a result (STYLE.md 6), recorded with its message
+                return cfg, None, time.time() - t, f"{type(e).__name__}: {str(e)[-400:]}"
+
+        with ThreadPoolExecutor(self.args.jobs) as pool:
+            return list(pool.map(one, configs))
+
+    def measure(self, M: int, N: int, K: int, dtype: str, configs: list[Any] | None = None) -> dict[str, Any]:
+        """Compile, check and time ``configs`` (default: the whole space) for one shape."""
+        torch = self.torch
+        from templates.gemv import GEMV, GemvProblem
+
+        problem = GemvProblem(M, N, K, dtype)
+        space = GEMV.space(problem) if configs is None else configs
+        hints = GEMV.candidates(problem, self.arch, 8)
+        todo = space + [h for h in hints if h not in space]
+        x, W, ref = self.inputs(M, N, K, dtype)
+        t = time.time()
+        built = self.compile_all(problem, todo)
+        compile_wall = time.time() - t
+        t = time.time()
+        results = []
+        for cfg, k, cs, err in built:
+            row = {"config": cfg.to_dict(), "compile_s": cs, "error": err, "ms": None, "gbps": None,
+                   "correct": None}
+            if k is not None and self.left() > 5:
+                try:
+                    y = k(x, W)
+                    bad = int((~torch.isclose(y.float(), ref, atol=1e-2, rtol=1e-2)).sum())
+                    row["correct"] = bad == 0
+                    row["mismatches"] = bad
+                    if bad == 0:
+                        row["ms"] = self.time(lambda k=k: k(x, W))
+                        row["gbps"] = problem.weight_bytes / row["ms"] / 1e6
+                except Exception as e:  # a kernel that fails at run time is recorded too
+                    row["error"] = f"{type(e).__name__}: {str(e)[-400:]}"
+                    torch.cuda.synchronize()
+            elif k is not None:
+                row["error"] = "skipped: time limit"
+            results.append(row)
+        ok = [r for r in results if r["ms"] is not None]
+        best = min(ok, key=lambda r: r["ms"]) if ok else None
+        by_cfg = {json.dumps(r["config"], sort_keys=True): r for r in results}
+        hint_ms = [by_cfg[json.dumps(h.to_dict(), sort_keys=True)]["ms"] for h in hints]
+        measured = [m for m in hint_ms if m is not None]
+        torch_ms = self.time(lambda: x @ W.T)
+        summary = {
+            "family": "gemv", "device": self.device, "M": M, "N": N, "K": K, "dtype": dtype,
+            "weight_bytes": problem.weight_bytes, "cublas_ms": torch_ms, "backend": self.args.backend,
+            "n_configs": len(todo), "compile_wall_s": compile_wall, "bench_wall_s": time.time() - t,
+            "best": best, "hints": [{"config": h.to_dict(), "ms": m} for h, m in zip(hints, hint_ms)],
+            "carver_top1_vs_best": (best["ms"] / hint_ms[0]) if best and hint_ms[0] else None,
+            "carver_top8_vs_best": (best["ms"] / min(measured)) if best and measured else None,
+            "mismatching_configs": sum(1 for r in results if r["correct"] is False),
+        }
+        return {"summary": summary, "results": results}
+
+    # ------------------------------------------------------------------ steps
+    def grid(self, shapes: list[tuple[int, int, int]], sub: str) -> list[dict[str, Any]]:
+        out = []
+        for M, N, K in shapes:
+            if self.left() < 30:
+                log(f"{sub}: time limit, skipping {M}x{N}x{K}")
+                continue
+            data = self.measure(M, N, K, self.args.dtype)
+            dump(self.out / sub / f"{M}x{N}x{K}-{self.args.dtype}.json", data)
+            s = data["summary"]
+            b = s["best"]
+            b = b or {"ms": float("nan"), "gbps": float("nan"), "config": None}
+            log(f"{sub} {M}x{N}x{K}: best {b['ms']:.4} ms ({b['gbps']:.0f} GB/s) {b['config']}; "
+                f"top-1 {s['carver_top1_vs_best']}, top-8 {s['carver_top8_vs_best']}; torch {s['cublas_ms']:.4} ms; "
+                f"mismatching configs {s['mismatching_configs']}")
+            out.append(s)
+        return out
+
+    def versus_torch(self, weights: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        from templates.gemv import GEMV, GemvProblem
+
+        rows = []
+        for N, K in weights:
+            for M in MS:
+                if self.left() < 20:
+                    log(f"torch: time limit, skipping {M}x{N}x{K}")
+                    continue
+                problem = GemvProblem(M, N, K, self.args.dtype)
+                hints = GEMV.candidates(problem, self.arch, 8)
+                x, W, ref = self.inputs(M, N, K, self.args.dtype)
+                built = [b for b in self.compile_all(problem, hints) if b[1] is not None]
+                ok = []
+                for cfg, k, _, _ in built:
+                    y = k(x, W)
+                    if bool(self.torch.isclose(y.float(), ref, atol=1e-2, rtol=1e-2).all()):
+                        ok.append((self.time(lambda k=k, x=x, W=W: k(x, W)), cfg, k))
+                if not ok:
+                    rows.append({"M": M, "N": N, "K": K, "error": "no top-8 config compiled and checked"})
+                    continue
+                _, cfg, k = min(ok, key=lambda o: o[0])
+                src = W.view(-1)
+                dst = self.torch.empty_like(src)
+                ours, cublas, copy = [], [], []
+                for _ in range(self.args.rounds):  # interleaved, so clock drift hits all three alike
+                    ours.append(self.time(lambda k=k, x=x, W=W: k(x, W)))
+                    cublas.append(self.time(lambda x=x, W=W: x @ W.T))
+                    copy.append(self.time(lambda d=dst, s=src: d.copy_(s)))
+                med = sorted(ours)[len(ours) // 2], sorted(cublas)[len(cublas) // 2], sorted(copy)[len(copy) // 2]
+                row = {"M": M, "N": N, "K": K, "dtype": self.args.dtype, "config": cfg.to_dict(), "ms": med[0],
+                       "torch_ms": med[1], "copy_ms": med[2], "speedup_vs_torch": med[1] / med[0],
+                       "gbps": problem.weight_bytes / med[0] / 1e6, "copy_gbps": problem.weight_bytes / med[2] / 1e6,
+                       "bw_vs_copy": med[2] / med[0], "rounds": {"ours": ours, "torch": cublas, "copy": copy}}
+                log(f"torch {M}x{N}x{K}: ours {med[0]*1e3:.1f} us, torch {med[1]*1e3:.1f} us "
+                    f"({row['speedup_vs_torch']:.3f}x), {row['gbps']:.0f} GB/s = {row['bw_vs_copy']:.3f} of copy")
+                rows.append(row)
+                dump(self.out / "versus_torch.json", {"device": self.device, "rows": rows})
+        return rows
+
+
+def table(grid: list[dict], holdout: list[dict], rows: list[dict]) -> str:
+    lines = ["| shape | set | best us | GB/s | top-1 | best of top-8 | torch us |", "|---|---|---|---|---|---|---|"]
+    for name, ss in (("calibration", grid), ("holdout", holdout)):
+        for s in ss:
+            b = s["best"] or {}
+            f = (lambda v: f"{v:.3f}" if v is not None else "-")  # noqa: E731
+            lines.append(f"| {s['M']}x{s['N']}x{s['K']} | {name} | {(b.get('ms') or 0) * 1e3:.1f} | "
+                         f"{b.get('gbps') or 0:.0f} | {f(s['carver_top1_vs_best'])} | {f(s['carver_top8_vs_best'])} "
+                         f"| {s['cublas_ms'] * 1e3:.1f} |")
+    lines += ["", "| M | N x K | ours us | torch us | speedup | GB/s | of copy |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['error']} |  |  |  |  |")
+            continue
+        lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {r['ms'] * 1e3:.1f} | {r['torch_ms'] * 1e3:.1f} | "
+                     f"{r['speedup_vs_torch']:.3f} | {r['gbps']:.0f} | {r['bw_vs_copy']:.3f} |")
+    for M in MS:
+        sp = [r["speedup_vs_torch"] for r in rows if r.get("M") == M and "error" not in r]
+        if sp:
+            lines.append(f"\ngeomean speedup vs torch, M={M}: {math.exp(sum(map(math.log, sp)) / len(sp)):.3f} "
+                         f"over {len(sp)} weights")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true", help="two calibration shapes, one holdout, two weights")
+    p.add_argument("--steps", default="grid,holdout,torch")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    p.add_argument("--time-limit", type=float, default=450.0, help="seconds; later shapes are skipped")
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile threads")
+    p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--backend", default="cudagraph", choices=("cudagraph", "event"))
+    args = p.parse_args()
+    steps = set(args.steps.split(","))
+    b = Bench(args)
+    log(f"{b.device}; carver arch {b.arch.name}; out {b.out}")
+    grid, holdout, rows = [], [], []
+    try:
+        if "grid" in steps:
+            grid = b.grid(QUICK_CAL if args.quick else CAL, "grid")
+        if "holdout" in steps:
+            holdout = b.grid(QUICK_HOLDOUT if args.quick else HOLDOUT, "holdout")
+        if "torch" in steps:
+            rows = b.versus_torch(QUICK_LLAMA if args.quick else LLAMA)
+    except Exception:
+        traceback.print_exc()
+    finally:
+        text = table(grid, holdout, rows)
+        print(text)
+        b.out.mkdir(parents=True, exist_ok=True)
+        (b.out / "summary.md").write_text(text + "\n")
+        dump(b.out / "summary.json", {"device": b.device, "grid": grid, "holdout": holdout, "versus_torch": rows,
+                                      "wall_s": time.time() - T0})
+
+
+if __name__ == "__main__":
+    main()
