@@ -287,11 +287,11 @@ class GeneralReductionTemplate(_MemoryBoundTemplate):
                                            (64, 128, 256, 512)):
             yield dict(block_M=bm, block_N=bn, thread_num=t)
 
-    def _row_rules(self, rows: int, chunk: int, t: int, chunk_name: str) -> list[str]:
-        vec = max(1, 16 // dtype_bytes(self.dtype))
+    def _row_rules(self, rows: int, chunk: int, t: int, chunk_name: str, vec: int = 0) -> list[str]:
+        vec = vec or max(1, 16 // dtype_bytes(self.dtype))
         out = []
         if chunk % vec:
-            out.append(f"{chunk_name} must be a multiple of {vec} (16-byte vectors of {self.dtype}), got {chunk}")
+            out.append(f"{chunk_name} must be a multiple of {vec} ({vec}-element vectors of {self.dtype}), got {chunk}")
         elif rows * chunk < t * vec:
             out.append(f"thread_num={t} leaves threads idle: {rows} rows x {chunk} = {rows * chunk} elements per "
                        f"step is under one {vec}-element vector per thread; use thread_num <= "
@@ -359,15 +359,18 @@ class GEMVTemplate(GeneralReductionTemplate):
         self.rows = int_in_range(M, "M", 1, GEMV_MAX_M, meaning="rows of x",
                                  fix=f"for more than {GEMV_MAX_M} rows use the GEMM (templates.matmul)")
         widest = gemv_vec(self.K, canonical_dtype(dtype))
-        self.vec = int_in_range(vec, "vec", 0, 16, fix="use 0 (the widest load K allows)") or widest
-        if self.vec & (self.vec - 1) or widest % self.vec:
+        vec = int_in_range(vec, "vec", 0, 16, fix="use 0 (16-byte vectors) or the width the kernel loads")
+        # 0: the model alone, 16-byte vectors whatever K is; templates.gemv passes the width its kernel loads.
+        self._given_vec = vec
+        self.vec = vec or max(1, 16 // dtype_bytes(canonical_dtype(dtype)))
+        if vec and (vec & (vec - 1) or widest % vec):
             raise ValueError(f"vec={vec} elements cannot load rows of K={self.K} {canonical_dtype(dtype)} (a "
                              f"power of two dividing K, at most 16 bytes: at most {widest} here); use vec=0 "
                              f"(the widest, {widest}) or a power of two below it")
         super().__init__(M=N, N=K, dtype=dtype, out_dtype=out_dtype, arch=arch)
 
     def _args(self) -> dict[str, Any]:
-        return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype, M=self.rows, vec=self.vec)
+        return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype, M=self.rows, vec=self._given_vec)
 
     def _operand_bytes(self) -> int:  # A (N, K), x (M, K), y (M, N)
         b = dtype_bytes(self.dtype)
@@ -377,7 +380,7 @@ class GEMVTemplate(GeneralReductionTemplate):
         return gemv_space(self.K, self.dtype, self.vec)
 
     def _rules(self, c: dict[str, int]) -> list[str]:
-        out = self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K")
+        out = self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K", self.vec)
         bn, bk, t = c["block_N"], c["block_K"], c["thread_num"]
         rt = t // bn
         vec = self.vec

@@ -30,7 +30,9 @@ def carver_template(problem: GemvProblem, arch: Any = "cuda", vec: int = 0) -> G
     """The carver's GEMV model of this problem on ``arch`` (a name, "cuda" for the local GPU, or an
     arch object): ``.recommend_hints(k)``, ``.rank(configs)``, ``.validate(config)``, ``.predict(config)``."""
     from carver.arch import CUDA
+    from carver.templates import gemv_vec
 
+    vec = vec or gemv_vec(problem.K, problem.dtype)  # the width the kernel loads
     return GEMVTemplate(problem.N, problem.K, problem.dtype, problem.out_dtype, M=problem.M, vec=vec,
                         arch=CUDA(arch) if isinstance(arch, str) else arch)
 
