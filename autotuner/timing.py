@@ -56,7 +56,9 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     clock, then ``rep`` back-to-back calls, each timed, with no pause between them: the way a kernel
     runs inside a busy model. ``backend="cudagraph"`` (CUDA only; TileLang's profiler, after
     Triton's ``do_bench_cudagraph``): the calls are captured into a CUDA graph and replayed, so
-    launch overhead does not count; it suits kernels of a few microseconds.
+    launch overhead does not count; it suits compute-bound kernels of a few microseconds. L2 is
+    flushed only before each replay, so inputs that fit in L2 stay resident after the graph's
+    first call: for a memory-bound kernel on small data it measures L2, not HBM.
     """
     if rep < 1:
         raise ValueError(f"rep must be >= 1 timed call, got {rep!r}")
