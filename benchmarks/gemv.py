@@ -15,7 +15,8 @@ Steps (``--steps grid,holdout,torch``, all by default):
   top-8 (``templates.gemv.candidates`` for the local GPU) as a fraction of the exhaustive best.
 * ``torch``: M = 1, 4, 16 on the Llama-3-8B weights (4096x4096, 14336x4096, 4096x14336, 128256x4096):
   the best of the carver's top-8 against ``x @ W.T`` (cuBLAS) and against ``dst.copy_(src)`` of the
-  weight bytes, in interleaved rounds; bandwidth = weight bytes / time; geomean speedup per M.
+  weight bytes, in interleaved rounds; bandwidth = weight bytes / time, a copy's = 2 x its bytes / time
+  (it reads and writes them); geomean speedup per M.
 
 Timing: ``autotuner.timing.time_callable`` with CUDA events (``--backend event``, the default), every
 call timed alone after an L2 flush, so the weights stream from HBM as they do in a model. With
@@ -208,8 +209,10 @@ class Bench:
                 med = sorted(ours)[len(ours) // 2], sorted(cublas)[len(cublas) // 2], sorted(copy)[len(copy) // 2]
                 row = {"M": M, "N": N, "K": K, "dtype": self.args.dtype, "config": cfg.to_dict(), "ms": med[0],
                        "torch_ms": med[1], "copy_ms": med[2], "speedup_vs_torch": med[1] / med[0],
-                       "gbps": problem.weight_bytes / med[0] / 1e6, "copy_gbps": problem.weight_bytes / med[2] / 1e6,
-                       "bw_vs_copy": med[2] / med[0], "rounds": {"ours": ours, "torch": cublas, "copy": copy}}
+                       # a copy moves the bytes twice (read and write): its bandwidth counts both
+                       "gbps": problem.weight_bytes / med[0] / 1e6,
+                       "copy_gbps": 2 * problem.weight_bytes / med[2] / 1e6,
+                       "bw_vs_copy": med[2] / (2 * med[0]), "rounds": {"ours": ours, "torch": cublas, "copy": copy}}
                 log(f"torch {M}x{N}x{K}: ours {med[0]*1e3:.1f} us, torch {med[1]*1e3:.1f} us "
                     f"({row['speedup_vs_torch']:.3f}x), {row['gbps']:.0f} GB/s = {row['bw_vs_copy']:.3f} of copy")
                 rows.append(row)
