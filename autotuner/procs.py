@@ -11,8 +11,9 @@ nothing removes. The pieces here:
   while the run lasts, removed at its end (error, Ctrl-C and SIGTERM included); directories of runs
   that were killed outright are swept by the next run.
 * :func:`die_with_parent`: ``prctl(PR_SET_PDEATHSIG)`` (Linux), the backstop for a parent killed
-  with SIGKILL; :func:`worker_init` for pool workers; :func:`python_child_argv` for a fresh
-  interpreter (the measuring process).
+  with SIGKILL, for children whose forking thread outlives them (compile children, the measuring
+  process via :func:`python_child_argv`); :func:`worker_init` for pool workers, which watch their
+  parent process instead (:func:`watch_parent`).
 * :func:`track` / :func:`kill_tracked`: the process groups of compile children a worker must kill
   before it dies.
 
@@ -46,6 +47,7 @@ __all__ = [
     "track",
     "untrack",
     "use_tempdir",
+    "watch_parent",
     "worker_init",
 ]
 
@@ -132,17 +134,36 @@ def _die_on_signal(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
+def watch_parent(parent_pid: int, sig: int = signal.SIGTERM, interval: float = 0.25) -> threading.Thread:
+    """Send ``sig`` to this process once the parent *process* ``parent_pid`` is gone (a daemon thread
+    polls ``os.getppid()``, which changes when the process is re-parented).
+
+    For pool workers, instead of :func:`die_with_parent`: ``PR_SET_PDEATHSIG`` fires when the
+    *thread* that forked the process ends, and a pool re-forks workers from a helper thread that
+    ends at shutdown, when such a worker may be holding the pool's task-queue lock; killed there,
+    it deadlocks the pool's ``terminate()`` and ``join()``.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os.kill(os.getpid(), sig)
+
+    thread = threading.Thread(target=watch, name="tilecarve-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def worker_init(parent_pid: int) -> None:
     """Initializer of a compile worker process (forked pool or loky).
 
     * SIGINT is ignored: Ctrl-C reaches the whole foreground process group, and the parent decides
       (it terminates the pool); a worker dying on its own would orphan its compile child.
     * SIGTERM kills the worker's compile children first (:func:`kill_tracked`).
-    * The worker gets SIGTERM when the parent dies, even of SIGKILL (:func:`die_with_parent`).
+    * The worker gets SIGTERM when the parent process dies, even of SIGKILL (:func:`watch_parent`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _die_on_signal)
-    die_with_parent(parent_pid, signal.SIGTERM)
+    watch_parent(parent_pid)
 
 
 def python_child_argv(code: str) -> list[str]:
