@@ -263,7 +263,20 @@ def _compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str
                         scratch)
 
 
+#: In a forked pool worker: the queue on which each task announces ``(pid, index, start)`` as it
+#: starts, so that the parent can tell which config a worker was compiling if the worker dies.
+_STARTED: Any = None
+
+
+def _pool_init(parent_pid: int, started: Any) -> None:
+    global _STARTED
+    _STARTED = started
+    procs.worker_init(parent_pid)
+
+
 def _pool_task(args: tuple) -> CompileOutcome:
+    if _STARTED is not None:
+        _STARTED.put((os.getpid(), args[3], time.monotonic()))
     return _compile_task(*args)
 
 
@@ -399,17 +412,54 @@ def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
     Forked workers start with TileLang imported. The pool is made on the first ``next()``; if the
     consumer stops early (an exception, Ctrl-C, SIGTERM turned into ``SystemExit``, ``close()``),
     it is terminated: each worker gets SIGTERM and kills its compile child's group on the way out.
+    A worker killed from outside (the OOM killer, ``kill -9``) takes its task with it, and the pool
+    would wait for that task forever: its config is reported as a ``compile_error`` instead.
     """
     import multiprocessing
 
-    pool = multiprocessing.get_context("fork").Pool(n, initializer=procs.worker_init, initargs=(os.getpid(),))
-    finished = False
+    ctx = multiprocessing.get_context("fork")
+    started = ctx.SimpleQueue()
+    pool = ctx.Pool(n, initializer=_pool_init, initargs=(os.getpid(), started))
+    pending = {t[3] for t in tasks}
+    running: dict[int, tuple[int, float]] = {}  # worker pid -> (index, start) of its latest task
+    clean = False
     try:
-        yield from pool.imap_unordered(_pool_task, tasks, chunksize=1)
-        finished = True
+        results = pool.imap_unordered(_pool_task, tasks, chunksize=1)
+        lost = False
+        while pending:
+            try:
+                out = results.next(timeout=1.0)
+            except multiprocessing.TimeoutError:
+                for out in _lost_tasks(started, running, pending):
+                    lost = True
+                    yield out
+                continue
+            if out.index in pending:
+                pending.discard(out.index)
+                yield out
+        clean = not lost
     finally:
-        if finished:
+        if clean:
             pool.close()
         else:
             pool.terminate()
         pool.join()
+
+
+def _lost_tasks(started: Any, running: dict[int, tuple[int, float]], pending: set[int]) -> Iterator[CompileOutcome]:
+    """Outcomes for the pending tasks whose worker is dead (it is no longer among our children)."""
+    import multiprocessing
+
+    while not started.empty():
+        pid, index, start = started.get()
+        running[pid] = (index, start)
+    alive = {p.pid for p in multiprocessing.active_children()}
+    for pid, (index, start) in list(running.items()):
+        if pid in alive:
+            continue
+        del running[pid]
+        if index in pending:
+            pending.discard(index)
+            yield CompileOutcome(index, Status.COMPILE_ERROR, f"the compile worker (pid {pid}) died while compiling "
+                                 "this config: killed from outside, e.g. by the OOM killer",
+                                 time.monotonic() - start)
