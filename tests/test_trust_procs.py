@@ -14,6 +14,7 @@ returns must keep working after the run's directory is gone.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels.hostile_kernels import add_salted, add_with_a_lock
+from kernels.hostile_kernels import add_hang_with_grandchild, add_salted, add_with_a_lock
 
 from autotuner import procs
 from autotuner.compile import compile_all, tl_compile
@@ -216,6 +217,55 @@ def test_compiles_leave_nothing_in_a_fresh_tmpdir_and_the_run_directory_goes(tmp
     c = torch.empty(256, 256)
     jit(a, b, c)
     torch.testing.assert_close(c, a + b)
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_compile_worker_killed_from_outside_costs_its_config_not_the_run(tmp_path, monkeypatch):
+    """kill -9 (or the OOM killer) on a forked worker in the middle of a compile: the pool would wait for
+    its task forever; instead that config is a compile_error, the others finish, and the worker's
+    compile child and grandchild die with it (the child's parent-death signal)."""
+    monkeypatch.setenv("TILECARVE_TEST_PIDS", str(tmp_path))  # the workers are forked after this
+    configs = [dict(block_M=32, salt=uuid.uuid4().int % 10**9), dict(block_M=64, hang=True)]
+    victims: list[int] = []
+
+    def kill_the_worker() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            names = [p.name for p in tmp_path.iterdir() if not p.name.endswith(".tmp")]
+            if any(n.startswith("sleeper-") for n in names):
+                victims.extend(int(n.split("-")[1]) for n in names)
+                compiler = next(int(n.split("-")[1]) for n in names if n.startswith("compiler-"))
+                worker = _ppid(_ppid(compiler))  # compiler <- compile child (group leader) <- worker
+                victims.append(worker)
+                os.kill(worker, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    outcomes = {}
+
+    def consume() -> None:
+        for o in compile_all(add_hang_with_grandchild, configs, [0, 1], "c", timeout=600, n_jobs=2):
+            outcomes[o.index] = o
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    kill_the_worker()
+    consumer.join(60)
+    if consumer.is_alive():  # the pool waits for the lost task: end this test's own workers and fail
+        for child in multiprocessing.active_children():
+            child.kill()
+        pytest.fail("compile_all still waits for the task of the killed worker")
+    assert outcomes[0].status == "ok", outcomes[0]
+    assert outcomes[1].status == "compile_error" and "worker" in outcomes[1].error, outcomes[1]
+    assert len(victims) == 3
+    deadline = time.monotonic() + 10
+    while [p for p in victims if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in victims if _alive(p)], "the dead worker's compile child or grandchild lives on"
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named semaphores live in /dev/shm")
