@@ -28,7 +28,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernels.hostile_kernels import add_hang_with_grandchild, add_salted, add_with_a_lock
+from kernels.hostile_kernels import (
+    add_crashing_the_compiler,
+    add_hang_with_grandchild,
+    add_leaving_a_process,
+    add_salted,
+    add_with_a_lock,
+)
 
 from autotuner import procs
 from autotuner.compile import compile_all, tl_compile
@@ -217,6 +223,33 @@ def test_compiles_leave_nothing_in_a_fresh_tmpdir_and_the_run_directory_goes(tmp
     c = torch.empty(256, 256)
     jit(a, b, c)
     torch.testing.assert_close(c, a + b)
+
+
+@pytest.mark.parametrize("n_jobs", [2, 1])
+def test_a_process_a_compile_leaves_running_is_killed_with_it(tmp_path, n_jobs):
+    configs = [dict(block_M=bm, salt=uuid.uuid4().int % 10**9, pid_dir=str(tmp_path)) for bm in (16, 32)]
+    outcomes = list(compile_all(add_leaving_a_process, configs, [0, 1], "c", timeout=120, n_jobs=n_jobs))
+    assert [o.status for o in outcomes] == ["ok", "ok"], outcomes
+    strays = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
+    assert len(strays) == 2
+    deadline = time.monotonic() + 5
+    while [p for p in strays if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not [p for p in strays if _alive(p)], "a process started by a compile outlived it"
+    finally:
+        for pid in strays:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("n_jobs", [2, 1])
+def test_a_crashing_compiler_is_a_compile_error_with_its_signal(n_jobs):
+    configs = [dict(block_M=32), dict(block_M=64, crash=True)]
+    outcomes = {o.index: o for o in compile_all(add_crashing_the_compiler, configs, [0, 1], "c", timeout=120,
+                                                 n_jobs=n_jobs)}
+    assert outcomes[0].status == "ok", outcomes[0]
+    assert outcomes[1].status == "compile_error" and "SIGSEGV" in outcomes[1].error, outcomes[1]
 
 
 def _ppid(pid: int) -> int:

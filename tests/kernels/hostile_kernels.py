@@ -52,3 +52,21 @@ def add_with_a_lock(block_M: int = 32, block_N: int = 32, salt: int = 0, pid_dir
         if pid_dir:
             open(os.path.join(pid_dir, f"locker-{os.getpid()}"), "w").close()
     return add_salted(block_M, block_N, salt)
+
+
+def add_leaving_a_process(block_M: int = 32, block_N: int = 32, salt: int = 0, pid_dir: str = ""):
+    """Compiles fine, but starts a process that outlives the compile (a compiler server, a stray
+    nvcc) and records its pid in ``pid_dir``."""
+    sleeper = subprocess.Popen(["sleep", "3600"])
+    if pid_dir:
+        open(os.path.join(pid_dir, f"stray-{sleeper.pid}"), "w").close()
+    return add_salted(block_M, block_N, salt)
+
+
+def add_crashing_the_compiler(block_M: int = 32, block_N: int = 32, crash: bool = False):
+    """crash=True kills the compiling process with SIGSEGV, as a crashing compiler would."""
+    if crash:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return add_salted(block_M, block_N)
