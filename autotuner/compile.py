@@ -381,7 +381,7 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
     Temporary files go to per-compile directories inside the active :func:`.procs.run_scratch`.
     """
     if not indices:
-        return iter(())
+        return (o for o in ())  # a generator like the other paths: callers may close() it
     payload = cloudpickle_module().dumps(kernel)
     glb = kernel_globals(kernel)
     sources = kernel_sources(kernel)

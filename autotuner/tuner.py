@@ -21,6 +21,7 @@ runs in the parent only with a bound (:func:`_bounded`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import sys
@@ -523,14 +524,16 @@ class _Run:
 
     def _compile_and_measure(self, bench: Measurer, indices: list[int]) -> None:
         t, rs = self.t, self.t.run_settings
-        for out in compile_all(t.fn, t.configs, indices, self.target.spec,
+        outcomes = compile_all(t.fn, t.configs, indices, self.target.spec,
                                timeout=t.compile_settings.compile_timeout, n_jobs=rs.n_jobs,
-                               pass_configs=t.compile_settings.pass_config_dict, backend=rs.backend):
-            cfg = t.configs[out.index]
-            if out.status != Status.OK:
-                self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
-            else:
-                self._record(out.index, bench.measure(out.index, cfg, out.seconds))
+                               pass_configs=t.compile_settings.pass_config_dict, backend=rs.backend)
+        with contextlib.closing(outcomes):  # a failure here shuts the compile pool down at once
+            for out in outcomes:
+                cfg = t.configs[out.index]
+                if out.status != Status.OK:
+                    self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
+                else:
+                    self._record(out.index, bench.measure(out.index, cfg, out.seconds))
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
         """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
