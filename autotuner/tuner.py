@@ -121,6 +121,7 @@ class TuneResult:
     seconds: float = 0.0
     target: str = ""
     notes: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step of a cold run
 
     @property
     def spread(self) -> float | None:
@@ -140,6 +141,8 @@ class TuneResult:
             + (f" (reference {self.ref_latency:.4f} ms)" if self.ref_latency else ""),
             f"{'status':<15}{'median ms':>11}{'min ms':>10}{'iqr ms':>9}{'compile s':>11}  config",
         ]
+        if self.phases:
+            lines.insert(2, "phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items()))
         order = sorted(self.trials, key=lambda t: (t.status != Status.OK, t.median_ms or float("inf")))
         for t in order:
             def f(v: float | None, w: int) -> str:
@@ -444,6 +447,8 @@ class _Run:
         self.t, self.db, self.key, self.target, self.spec, self.t_start = tuner, db, key, target, spec, t_start
         self.trials: list[Trial | None] = [None] * len(tuner.configs)
         self.bar: Any = None
+        self.phases: dict[str, float] = {}
+        self._last = t_start
 
     def tune(self) -> TuneResult:
         from tqdm import tqdm  # a plain bar on stderr, also in notebooks
@@ -454,12 +459,16 @@ class _Run:
         bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
         try:
             to_compile = self._resume_and_validate()
+            self._mark("start")
             self._compile_and_measure(bench, to_compile)
+            self._mark("compile and measure")
             self.bar.close()
             finalists = self._retime_finalists(bench)
+            self._mark("finalist rounds")
             ref_latency = bench.fetch_ref_latency()
             best_i = self._pick(finalists, ref_latency)
             jit, phash = self._winner_kernel(bench, best_i)
+            self._mark("load the winner")
         except TuningInputError:
             if self.db is not None:
                 self.db.discard_run(self.key)  # the problem is wrong: nothing of this run is worth keeping
@@ -473,11 +482,19 @@ class _Run:
             if failed is not None:
                 raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails its "
                                   f"check ({failed}); its factory does not give the same kernel twice")
+        self._mark("check the winner")
         if self.db is not None:
             self.db.finish_run(self.key, best, ref_latency, phash or prim_hash(jit.prim_func))
         done = [x for x in self.trials if x is not None]
+        logger.info("tuning phases: %s", ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items()))
         return TuneResult(t._wrap(jit, self.target), best.config, best.median_ms, ref_latency, done, False,
-                          self.key, time.perf_counter() - self.t_start, str(self.target.spec))
+                          self.key, time.perf_counter() - self.t_start, str(self.target.spec), phases=self.phases)
+
+    def _mark(self, phase: str) -> None:
+        """Seconds since the last mark (since the run started, for the first), for ``TuneResult.phases``."""
+        now = time.perf_counter()
+        self.phases[phase] = now - self._last
+        self._last = now
 
     def _record(self, i: int, trial: Trial) -> None:
         self.trials[i] = trial

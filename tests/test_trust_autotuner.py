@@ -418,6 +418,9 @@ def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_the
     assert all(t.rounds == 3 and t.spread is not None and t.spread >= 0 for t in r.trials)
     assert r.spread == next(t.spread for t in r.trials if t.config == r.config)
     assert r.latency == min(t.median_ms for t in r.trials)
+    assert list(r.phases) == ["start", "compile and measure", "finalist rounds", "load the winner",
+                              "check the winner"]
+    assert all(v >= 0 for v in r.phases.values()) and sum(r.phases.values()) <= r.seconds
     warm = tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, finalist_rounds=3).run(1, 2)
     assert warm.from_cache and warm.config == r.config and warm.trials[2].rounds == 3
 
