@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import procs
+from .cache import prim_hash
 from .check import compare, make_args, poison_, run_reference, same_bits
 from .compile import (
     build,
@@ -141,6 +142,8 @@ class Measurer(Protocol):
 
     def local_kernel(self, index: int) -> Any | None: ...
 
+    def measured_hash(self, index: int) -> str | None: ...
+
     def close(self) -> None: ...
 
 
@@ -151,6 +154,7 @@ class Bench:
         self.spec = spec
         self._cases: dict[tuple, _Case] = {}
         self._kernels: dict[int, Any] = {}
+        self._hashes: dict[int, str] = {}
         self.ref_latency: float | None = None
 
     def _case(self, jit: Any) -> _Case:
@@ -231,6 +235,7 @@ class Bench:
         if why is not None:
             return Trial(cfg, Status.MISMATCH, why, compile_s)
         self._kernels[index] = jit
+        self._hashes[index] = prim_hash(jit.prim_func)
         return Trial(cfg, Status.OK, None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
 
     def retime(self, index: int, cfg: dict[str, Any]) -> Timing:
@@ -247,6 +252,10 @@ class Bench:
     def local_kernel(self, index: int) -> Any | None:
         """The loaded kernel of a candidate measured in this process, or ``None``."""
         return self._kernels.get(index)
+
+    def measured_hash(self, index: int) -> str | None:
+        """The PrimFunc hash of the kernel checked and timed as ``index`` in this run, or ``None``."""
+        return self._hashes.get(index)
 
     def fetch_ref_latency(self) -> float | None:
         return self.ref_latency
@@ -298,7 +307,7 @@ def _serve(fd: int) -> None:
         op = msg[0]
         try:
             if op == "measure":
-                reply = bench.measure(msg[1], msg[2], msg[3])
+                reply = (bench.measure(msg[1], msg[2], msg[3]), bench.measured_hash(msg[1]))
             elif op == "retime":
                 reply = bench.retime(msg[1], msg[2])
             elif op == "ref_latency":
@@ -336,6 +345,7 @@ class IsolatedBench:
         self._sources = kernel_sources(spec.kernel)
         self._proc: Any = None
         self._conn: Any = None
+        self._hashes: dict[int, str] = {}
         self.ref_latency: float | None = None
         self._start()
 
@@ -392,7 +402,10 @@ class IsolatedBench:
     def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
         if tag == "ok":
-            return reply
+            trial, phash = reply
+            if phash is not None:
+                self._hashes[index] = phash
+            return trial
         self._raise_for(tag, reply)
         return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
 
@@ -412,6 +425,10 @@ class IsolatedBench:
     def local_kernel(self, index: int) -> Any | None:
         """Never: candidates live in the measuring process; the caller loads the winner itself."""
         return None
+
+    def measured_hash(self, index: int) -> str | None:
+        """The PrimFunc hash of the kernel the measuring process checked and timed as ``index``."""
+        return self._hashes.get(index)
 
     def fetch_ref_latency(self) -> float | None:
         tag, reply = self._call(("ref_latency",), 60)

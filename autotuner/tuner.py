@@ -468,6 +468,7 @@ class _Run:
             ref_latency = bench.fetch_ref_latency()
             best_i = self._pick(finalists, ref_latency)
             jit, phash = self._winner_kernel(bench, best_i)
+            measured_hash = bench.measured_hash(best_i)
             self._mark("load the winner")
         except TuningInputError:
             if self.db is not None:
@@ -477,8 +478,10 @@ class _Run:
             self.bar.close()
             bench.close()
         best = self.trials[best_i]
-        if phash is not None and rs.recheck:
-            failed = t._verified(jit, self.spec)  # loaded again here: check what is returned
+        if phash is not None and rs.recheck and phash != measured_hash:
+            # loaded again here from a PrimFunc other than the one checked in this run (a resumed
+            # trial, or a factory that changed): check what is returned
+            failed = t._verified(jit, self.spec)
             if failed is not None:
                 raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails its "
                                   f"check ({failed}); its factory does not give the same kernel twice")

@@ -445,3 +445,25 @@ def test_a_run_leaves_no_temporary_files(tmp_path, monkeypatch, isolate):
     assert list(tmp.iterdir()) == []
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     torch.testing.assert_close(r.kernel(a, b), a + b)  # the winner does not live in the removed directory
+
+
+def test_the_winner_is_rechecked_in_the_parent_only_when_it_was_not_checked_as_loaded(monkeypatch):
+    """After isolated measuring the parent loads the winner again; when it is the very PrimFunc the
+    measuring process checked, a second check is skipped; a winner from a resumed run is checked."""
+    calls = []
+    real = AutoTuner._verified
+
+    def counting(self, jit, spec):
+        calls.append(1)
+        return real(self, jit, spec)
+
+    monkeypatch.setattr(AutoTuner, "_verified", counting)
+    cfgs = [dict(block_M=16), dict(block_M=32)]
+    r = tuner(add, cfgs, isolate=True).run(1, 2)
+    assert not r.from_cache and calls == []
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    db.execute("UPDATE runs SET finished=NULL")  # as if interrupted after every trial was measured
+    db.commit()
+    again = tuner(add, cfgs, isolate=True).run(1, 2)
+    assert not again.from_cache and calls == [1]
+    assert tuner(add, cfgs, isolate=True).run(1, 2).from_cache and calls == [1, 1]  # the warm path checks
