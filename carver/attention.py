@@ -1,0 +1,489 @@
+"""AttentionTemplate: rank flash-attention forward tilings (``templates.attention``) without a GPU.
+
+    tmpl = AttentionTemplate(AttentionProblem(8, 32, 4096, 128, kv_heads=8, causal=True)).with_arch("H100")
+    tmpl.recommend_hints(8)     # legal configs, best first;  tmpl.rank(configs), .predict(c), .validate(c)
+
+Same interface as :class:`~carver.matmul.MatmulTemplate` and :class:`~carver.templates.GEMVTemplate`.
+The problem, the config keys and the rules live here (``templates.attention`` re-exports the problem and
+asks :func:`check_attention_config`), so the carver never ranks what the kernel refuses (STYLE.md 4).
+
+The model is Roller-style, per CTA step (one ``block_N`` slice of keys) on one SM:
+
+* **tensor**: the two products, ``2 * 2 * block_M * block_N * dim`` FLOPs, at the per-SM tensor peak
+  (wgmma; mma.sync at the family's fraction), derated by the instruction width ``n / (n + n0)``;
+* **softmax**: CUDA-core and MUFU cycles per score element (mask, scale, max, exp2, sum, cast) plus the
+  ``O`` rescale per output element. A warpgroup waits for its own products (TileLang 0.1.15 emits
+  ``warpgroup_wait<0>`` after each ``T.gemm``), so tensor and softmax overlap only across the
+  warpgroups resident on the SM: ``hidden = wg_overlap * (1 - 1/warpgroups) * min(tensor, softmax)``;
+* **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, cp.async
+  otherwise), **ingest** (bytes per step over the SM's bandwidth share) and **DRAM** (unique Q, K, V,
+  O bytes) as a floor on the kernel.
+
+CTAs = batch * heads * ceil(seq_len / block_M), in waves of ``SMs x CTAs per SM`` (shared memory,
+registers, threads); causal CTAs visit keys only up to the diagonal, so their work is summed exactly
+and spread over the slots, with half the longest CTA as the tail. Constants: :data:`ATTENTION_CONSTANTS`
+(one place, per arch family, not yet calibrated on measured attention grids: docs/attention.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .arch import CUDA, GPUArch
+from .matmul import DroppedConfig, RankedConfig, Ranking
+from .model import constants_for
+from .problem import canonical_dtype, check_device_bytes, dtype_bytes, flag, int_in_range, positive_int, shape_dim
+
+__all__ = [
+    "ATTENTION_CONSTANTS",
+    "ATTENTION_DIMS",
+    "ATTENTION_DTYPES",
+    "ATTENTION_GRID",
+    "ATTENTION_KEYS",
+    "AttentionConstants",
+    "AttentionHint",
+    "AttentionPrediction",
+    "AttentionProblem",
+    "AttentionTemplate",
+    "attention_space",
+    "check_attention_config",
+    "normalize_attention_config",
+]
+
+ATTENTION_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
+#: Head dims the kernel is written and checked for.
+ATTENTION_DIMS: tuple[int, ...] = (64, 128)
+#: CUDA's grid limit on gridDim.y (heads) and gridDim.z (batch).
+_GRID_YZ = 65535
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """``O = softmax(Q K^T / sqrt(dim) [+ causal mask]) V`` per (batch, query head), in the BSHD layout:
+    Q and O are ``(batch, seq_len, heads, dim)``, K and V ``(batch, seq_len, kv_heads, dim)``; query head
+    ``h`` reads KV head ``h // (heads // kv_heads)`` (GQA; ``kv_heads`` None is ``heads``, MHA).
+
+    ``causal``: query ``i`` sees keys ``0..i`` (top-left aligned, torch's ``is_causal=True``). fp32
+    accumulation and softmax, scale ``1/sqrt(dim)``; O in ``dtype``. ``seq_len`` is any positive int.
+    """
+
+    batch: int
+    heads: int
+    seq_len: int
+    dim: int
+    kv_heads: int | None = None
+    causal: bool = False
+    dtype: str = "float16"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "batch", int_in_range(self.batch, "batch", 1, _GRID_YZ, too_big="CUDA's gridDim.z limit",
+                                         fix="split the batch into calls of at most 65535"))
+        set_(self, "heads", int_in_range(self.heads, "heads", 1, _GRID_YZ, too_big="CUDA's gridDim.y limit"))
+        set_(self, "seq_len", shape_dim(self.seq_len, "seq_len"))
+        kv = self.heads if self.kv_heads is None else shape_dim(self.kv_heads, "kv_heads")
+        if self.heads % kv:
+            raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={kv} (each KV head serves "
+                             f"heads // kv_heads query heads); use a kv_heads that divides {self.heads}, or None "
+                             f"for MHA")
+        set_(self, "kv_heads", kv)
+        if isinstance(self.dim, bool) or self.dim not in ATTENTION_DIMS:
+            raise ValueError(f"dim must be one of {list(ATTENTION_DIMS)} (the head dims the kernel is written "
+                             f"for), got {self.dim!r}; pad the head dim to 64 or 128")
+        set_(self, "dim", int(self.dim))
+        set_(self, "causal", flag(self.causal, "causal"))
+        try:
+            dtype = canonical_dtype(self.dtype)
+        except ValueError:
+            dtype = None
+        if dtype not in ATTENTION_DTYPES:
+            raise ValueError(f"dtype must be one of {list(ATTENTION_DTYPES)}, got {self.dtype!r}")
+        set_(self, "dtype", dtype)
+        check_device_bytes(self.operand_bytes, f"the attention {self.describe()}")
+
+    @property
+    def groups(self) -> int:
+        """Query heads per KV head (1 for MHA)."""
+        return self.heads // self.kv_heads
+
+    @property
+    def elem_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    @property
+    def operand_bytes(self) -> int:
+        """Bytes of Q, K, V and O together (what the GPU must hold and, at least, move)."""
+        return 2 * self.batch * self.seq_len * (self.heads + self.kv_heads) * self.dim * self.elem_bytes
+
+    @property
+    def pairs(self) -> int:
+        """Unmasked (query, key) pairs per (batch, head): S*S, or S*(S+1)/2 when causal."""
+        S = self.seq_len
+        return S * (S + 1) // 2 if self.causal else S * S
+
+    @property
+    def flops(self) -> int:
+        """FLOPs of the two products over the unmasked pairs: 4*B*H*S*S*D, about half of it when causal."""
+        return 4 * self.batch * self.heads * self.pairs * self.dim
+
+    def describe(self) -> str:
+        heads = f"H={self.heads}" if self.kv_heads == self.heads else f"H={self.heads}/{self.kv_heads}"
+        return f"B={self.batch} {heads} S={self.seq_len} D={self.dim}{' causal' if self.causal else ''} {self.dtype}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Config keys and rules (the one validity function; templates.attention asks it)
+# --------------------------------------------------------------------------------------------------
+ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads", "overlap")
+# key: (lowest, highest, multiple of, fix)
+_INT_KEYS: dict[str, tuple[int, int, int, str]] = {
+    "block_M": (16, 256, 16, "use 64 or 128 query rows per CTA"),
+    "block_N": (16, 256, 16, "use 32, 64 or 128 keys per step"),
+    "num_stages": (0, 4, 1, "use 1 or 2 (K/V tiles in flight)"),
+    "threads": (32, 1024, 32, "use 128 or 256"),
+}
+#: The exhaustive grid (templates.attention.space trims it by the rules).
+ATTENTION_GRID: dict[str, tuple[Any, ...]] = {
+    "block_M": (64, 128), "block_N": (32, 64, 128), "num_stages": (1, 2, 3), "threads": (128, 256),
+    "overlap": (False, True),
+}
+#: The overlap schedule's pipeline depth (its ``stage`` list has stages 0 and 1).
+OVERLAP_STAGES = 2
+_PRODUCER_THREADS = 128
+
+
+def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Each key checked on its own and normalised (numpy ints as ints); ``overlap`` defaults to False.
+    A bad key or value is a ValueError / TypeError naming it, the value and the fix."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"an attention config must be a dict, got {config!r}")
+    unknown = [k for k in config if k not in ATTENTION_KEYS]
+    missing = [k for k in ATTENTION_KEYS[:4] if k not in config]
+    if unknown or missing:
+        raise ValueError(f"config {dict(config)}: unknown key(s) {unknown}, missing {missing}; an attention config "
+                         f"takes {list(ATTENTION_KEYS)} (overlap optional)")
+    out: dict[str, Any] = {}
+    for key, (lo, hi, step, fix) in _INT_KEYS.items():
+        out[key] = int_in_range(config[key], key, lo, hi, fix=fix)
+        if out[key] % step:
+            raise ValueError(f"{key} must be a multiple of {step}, got {config[key]!r}; {fix}")
+    out["overlap"] = flag(config.get("overlap", False), "overlap")
+    return out
+
+
+def _uses_wgmma(c: Mapping[str, Any], arch: GPUArch) -> bool:
+    return arch.has_wgmma and c["threads"] % 128 == 0 and c["block_M"] >= 64
+
+
+def _warp_specialized(c: Mapping[str, Any], arch: GPUArch) -> bool:
+    """TMA producer warpgroup: sm_90+, a pipelined loop, not the explicit overlap schedule (which TileLang
+    0.1.15 lowers to cp.async without a producer; read in the sm_90a source)."""
+    return arch.has_tma and c["num_stages"] >= 1 and not c["overlap"]
+
+
+def _smem_bytes(problem: AttentionProblem, c: Mapping[str, Any]) -> int:
+    """Q tile (O reuses it) plus K and V tiles per stage, rounded to 1 KB, plus barriers."""
+    b, D = problem.elem_bytes, problem.dim
+    stages = OVERLAP_STAGES if c["overlap"] else max(c["num_stages"], 1)
+    dyn = c["block_M"] * D * b + stages * 2 * c["block_N"] * D * b
+    return -(-dyn // 1024) * 1024 + 16 * stages + 64
+
+
+def _acc_regs(problem: AttentionProblem, c: Mapping[str, Any]) -> float:
+    """32-bit registers per consumer thread for the fragments: S (fp32) and P (dtype), block_M x block_N,
+    and O (fp32), block_M x dim."""
+    bm, bn = c["block_M"], c["block_N"]
+    return (bm * bn * (4 + problem.elem_bytes) + bm * problem.dim * 4) / 4 / c["threads"]
+
+
+def _acc_reg_limit(c: Mapping[str, Any], arch: GPUArch) -> int:
+    """Fragment registers that fit without spilling: 192 of the 240 setmaxnreg gives 1-2 consumer
+    warpgroups (96 of 160 for 3), as measured for the GEMM (carver/lowering.py); without a producer, the
+    launch cap less what addresses, row statistics and predicates keep live."""
+    if _warp_specialized(c, arch):
+        return 192 if c["threads"] <= 256 else 96
+    return min(arch.max_regs_per_thread, arch.regs_per_sm // c["threads"] // 8 * 8) - 72
+
+
+def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
+                           arch: GPUArch | None = None) -> list[str]:
+    """Why ``config`` cannot run ([] when legal). With ``arch=None`` the rules no GPU escapes; with an
+    arch, its shared memory, registers and instructions too. Never raises for a bad config."""
+    try:
+        c = normalize_attention_config(config)
+    except (TypeError, ValueError) as e:
+        return [str(e)]
+    out = []
+    bm, bn, t = c["block_M"], c["block_N"], c["threads"]
+    warps = t // 32
+    if bm % (16 * warps):
+        fit = max(w for w in range(1, warps + 1) if (bm // 16) % w == 0)
+        out.append(f"threads={t} is {warps} warps, each owning whole rows of the {bm}x{bn} score tile (FullRow, "
+                   f"16 rows at least), so block_M must be a multiple of {16 * warps}, got block_M={bm}; use "
+                   f"threads={32 * fit} or block_M={16 * warps}")
+    if c["overlap"]:
+        if t % 128 or bm < 64:
+            out.append(f"overlap=True is the wgmma schedule: threads must be a multiple of 128 and block_M at "
+                       f"least 64, got threads={t}, block_M={bm}; use threads=128 or 256, block_M=128")
+        if c["num_stages"] != OVERLAP_STAGES:
+            out.append(f"overlap=True fixes the pipeline at {OVERLAP_STAGES} stages (its schedule), got "
+                       f"num_stages={c['num_stages']}; use num_stages={OVERLAP_STAGES}")
+    if arch is None:
+        return out
+    if c["overlap"] and not arch.has_wgmma:
+        out.append(f"overlap=True is Hopper's wgmma schedule and {arch.name} (sm_{arch.sm_version}) has no wgmma; "
+                   f"use overlap=False")
+    if problem.causal and not arch.has_tma and c["num_stages"] >= 2:
+        out.append(f"causal with num_stages={c['num_stages']} on {arch.name}: TileLang 0.1.15 cannot generate the "
+                   f"cp.async pipeline over the causal loop's run-time trip count (codegen fails: 'Downcast from "
+                   f"tirx.Sub to ir.IntImm'); use num_stages=1")
+    smem = _smem_bytes(problem, c)
+    if smem > arch.smem_per_block:
+        out.append(f"needs {smem // 1024} KB of shared memory per CTA (Q {bm}x{problem.dim}, K and V {bn}x"
+                   f"{problem.dim} x {OVERLAP_STAGES if c['overlap'] else max(c['num_stages'], 1)} stages), over "
+                   f"the {arch.smem_per_block // 1024} KB {arch.name} allows; use fewer num_stages or a smaller "
+                   f"block_N")
+    regs, limit = _acc_regs(problem, c), _acc_reg_limit(c, arch)
+    if regs > limit:
+        out.append(f"the S, P and O fragments need {regs:.0f} registers per thread ({bm}x{bn} scores, {bm}x"
+                   f"{problem.dim} output over {t} threads), over the {limit} that fit without spilling; use more "
+                   f"threads or a smaller block_M / block_N")
+    launched = t + _PRODUCER_THREADS * _warp_specialized(c, arch)
+    if launched > arch.max_threads_per_block:
+        out.append(f"launches {launched} threads, over {arch.max_threads_per_block}; use fewer threads")
+    return out
+
+
+def attention_space() -> list[dict[str, Any]]:
+    """The whole grid (:data:`ATTENTION_GRID`), less what no GPU can run (the rules without an arch)."""
+    return [dict(zip(ATTENTION_GRID, v)) for v in itertools.product(*ATTENTION_GRID.values())]
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionConstants:
+    """The attention model's own constants (times in microseconds, rates per clock); the memory and
+    latency constants (load latency, per-SM bandwidth, ...) are the GEMM's, per family (carver.model)."""
+
+    softmax_cycles_per_score: float   # SM cycles per score element: mask, scale, max, exp2, sum, cast
+    rescale_cycles_per_output: float  # SM cycles per O element per step (O *= rescale)
+    wg_overlap: float                 # how much of min(tensor, softmax) other warpgroups hide
+    overlap_hidden: float             # extra fraction the overlap schedule hides within a warpgroup
+    step_overhead_us: float           # fixed per step: barriers, wgmma fence/commit/wait, reductions
+    min_warps_per_sm: float           # w0 in the CUDA-core efficiency warps / (warps + w0)
+    cta_overhead_us: float            # per CTA: Q load issue, normalisation, O store
+    tail_fraction: float              # causal: the part of the longest CTA left as the tail
+    p: float                          # p-norm that blends the per-step limits
+
+    def replace(self, **changes: float) -> AttentionConstants:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return AttentionConstants(**values)
+
+
+# Guesses from the instruction rates (Hopper: 16 MUFU ex2 and 128 FP32 per clock per SM, ~8 FP32 ops per
+# score), not fitted: the lead measures an exhaustive grid on an H200 and fits these (docs/attention.md).
+_HOPPER_ATT = AttentionConstants(
+    softmax_cycles_per_score=0.125, rescale_cycles_per_output=1.0 / 64, wg_overlap=0.8, overlap_hidden=0.0,
+    step_overhead_us=0.15, min_warps_per_sm=2.0, cta_overhead_us=1.0, tail_fraction=0.5, p=6.0,
+)
+#: Per arch family, like carver.model.CONSTANTS.
+ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
+    "hopper": _HOPPER_ATT, "ada": _HOPPER_ATT, "ampere": _HOPPER_ATT.replace(step_overhead_us=0.2),
+}
+
+
+@dataclass(frozen=True)
+class AttentionPrediction:
+    """Predicted latency (ms) of one config and the terms behind it (per-step times in us, per SM)."""
+
+    config: dict
+    latency_ms: float
+    tensor_us: float       # the two products of one step, for the CTAs sharing the SM
+    softmax_us: float      # the softmax and rescale of one step, same
+    pipeline_us: float     # the load-latency chain of one step
+    step_us: float         # blended time of one step
+    waves: float
+    occupancy: int
+    ctas: int
+    bound: str
+    tflops: float
+    warp_specialized: bool
+    smem_bytes: int
+    acc_regs: float
+    errors: tuple[str, ...] = ()
+
+    @property
+    def legal(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True)
+class AttentionHint:
+    """A recommended config; ``to_config()`` is the kernel's keyword dict."""
+
+    items: tuple[tuple[str, Any], ...]
+    prediction: AttentionPrediction | None = field(default=None, compare=False, repr=False)
+
+    def to_config(self) -> dict[str, Any]:
+        return dict(self.items)
+
+    @property
+    def block(self) -> tuple[int, int]:
+        c = self.to_config()
+        return c["block_M"], c["block_N"]
+
+    @property
+    def pipeline_stage(self) -> int:
+        return self.to_config()["num_stages"]
+
+    @property
+    def threads(self) -> int:
+        return self.to_config()["threads"]
+
+    @property
+    def predicted_ms(self) -> float | None:
+        return None if self.prediction is None else self.prediction.latency_ms
+
+    def __str__(self) -> str:
+        pred = "" if self.prediction is None else f" ~{self.prediction.latency_ms * 1e3:.1f} us"
+        return " ".join(f"{k}={v}" for k, v in self.items) + pred
+
+
+def _causal_steps(nq: int, nk: int, bm: int, bn: int) -> tuple[int, int]:
+    """Sum over query blocks of the key blocks a causal CTA visits, min(nk, ceil((bx+1) bm / bn)), and the
+    largest; exact up to 2**16 query blocks, the integral beyond (where the error is below 1e-4)."""
+    if nq <= 1 << 16:
+        total = sum(min(nk, -(-(bx + 1) * bm // bn)) for bx in range(nq))
+    else:
+        j = min(nq, nk * bn / bm)  # blocks before the visits saturate at nk
+        total = int(bm / bn * j * (j + 1) / 2 + j / 2 + nk * (nq - j))
+    return total, min(nk, -(-nq * bm // bn))
+
+
+class AttentionTemplate:
+    """An attention problem; ``.with_arch(arch)`` binds a GPU and enables ranking."""
+
+    keys = ATTENTION_KEYS
+
+    def __init__(self, problem: AttentionProblem, arch: GPUArch | str | None = None,
+                 constants: AttentionConstants | None = None) -> None:
+        if not isinstance(problem, AttentionProblem):
+            raise TypeError(f"AttentionTemplate takes a carver.attention.AttentionProblem, got {problem!r}")
+        self.problem = problem
+        self.arch: GPUArch | None = None if arch is None else CUDA(arch)
+        if self.arch is not None:
+            check_device_bytes(problem.operand_bytes, f"the attention {problem.describe()}", self.arch)
+        self._constants = constants
+
+    def __repr__(self) -> str:
+        return f"AttentionTemplate({self.problem.describe()}, {self.arch.name if self.arch else 'no arch'})"
+
+    def with_arch(self, arch: GPUArch | str) -> AttentionTemplate:
+        return AttentionTemplate(self.problem, CUDA(arch), self._constants)
+
+    def _need_arch(self) -> GPUArch:
+        if self.arch is None:
+            raise RuntimeError("this AttentionTemplate has no GPU; call .with_arch(CUDA('H100')) first")
+        return self.arch
+
+    @property
+    def constants(self) -> AttentionConstants:
+        return self._constants or ATTENTION_CONSTANTS[self._need_arch().family]
+
+    def validate(self, config: Mapping[str, Any]) -> list[str]:
+        """Why ``config`` cannot run here ([] when legal): :func:`check_attention_config` on this GPU."""
+        return check_attention_config(self.problem, config, self._need_arch())
+
+    def predict(self, config: Mapping[str, Any]) -> AttentionPrediction:
+        """Predicted latency of one config; an illegal one still gets numbers, with ``.errors`` set."""
+        return self._predict(normalize_attention_config(config), tuple(self.validate(config)))
+
+    def _predict(self, c: dict[str, Any], errors: tuple[str, ...] = ()) -> AttentionPrediction:
+        arch, p, a = self._need_arch(), self.problem, self.constants
+        k = constants_for(arch)
+        bm, bn, t, D, b = c["block_M"], c["block_N"], c["threads"], p.dim, p.elem_bytes
+        ws = _warp_specialized(c, arch)
+        stages = OVERLAP_STAGES if c["overlap"] else c["num_stages"]
+        launched = t + _PRODUCER_THREADS * ws
+        smem = _smem_bytes(p, c)
+        acc = _acc_regs(p, c)
+        # CTAs per SM: one with a producer (setmaxnreg splits the whole register file), else the limits.
+        regs = min(arch.max_regs_per_thread, -(-int(1.25 * acc + 48) // 8) * 8)
+        occ_regs = arch.regs_per_sm // max(1, -(-regs * 32 // 256) * 256 * -(-launched // 32))
+        occ = 1 if ws else max(1, min(occ_regs, arch.smem_per_sm // (smem + arch.smem_reserved_per_block),
+                                      arch.max_threads_per_sm // launched, arch.max_blocks_per_sm))
+        clock = arch.clock_mhz  # cycles per us
+
+        # One step on one SM, for the `occ` CTAs sharing it.
+        peak_sm = arch.peak_flops(p.dtype) / arch.sm_count / 1e6  # FLOP per us
+        peak_sm *= 1.0 if _uses_wgmma(c, arch) else k.mma_sync_fraction
+        eff = [n / (n + k.inst_n_overhead) for n in (bn, D)]
+        tensor = occ * (2.0 * bm * bn * D / peak_sm / eff[0] + 2.0 * bm * bn * D / peak_sm / eff[1])
+        warps_sm = occ * t / 32
+        cuda_eff = warps_sm / (warps_sm + a.min_warps_per_sm)
+        softmax = occ * (bm * bn * a.softmax_cycles_per_score + bm * D * a.rescale_cycles_per_output) / clock / cuda_eff
+        groups = occ * max(1, t // 128)
+        hidden = a.wg_overlap * (1.0 - 1.0 / groups) + (a.overlap_hidden if c["overlap"] else 0.0)
+        compute = tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
+        step_bytes = 2 * bn * D * b
+        latency = k.load_latency_us + step_bytes / k.sm_bandwidth
+        s_eff = 1.0 + max(stages - 1, 0) * k.stage_efficiency
+        if ws:
+            pipe = (latency + compute / occ) / s_eff
+        else:
+            pipe = (k.sync_copy_factor * latency + compute / occ + k.sync_overhead_us) / s_eff
+        ingest = occ * step_bytes / k.sm_bandwidth
+        step = (compute ** a.p + pipe ** a.p + ingest ** a.p) ** (1.0 / a.p)
+
+        # CTAs over the SMs: exact waves without the mask; causal work spread over the slots plus a tail.
+        nq, nk = -(-p.seq_len // bm), -(-p.seq_len // bn)
+        ctas = p.batch * p.heads * nq
+        slots = arch.sm_count * occ
+        cta_fixed = a.cta_overhead_us + k.load_latency_us + 2 * bm * D * b / k.sm_bandwidth
+        if p.causal:
+            per_head, longest = _causal_steps(nq, nk, bm, bn)
+            total_steps = p.batch * p.heads * per_head
+            rounds = max(total_steps / slots + a.tail_fraction * longest, longest) if ctas > slots else longest
+        else:
+            rounds = math.ceil(ctas / slots) * nk
+        waves = ctas / slots
+        body = rounds * step + math.ceil(waves) * cta_fixed
+        dram = (p.operand_bytes / (arch.dram_bandwidth / 1e6 * k.dram_efficiency))
+        total = (body ** a.p + dram ** a.p) ** (1.0 / a.p) + k.launch_us
+        if not (math.isfinite(total) and total > 0):
+            raise RuntimeError(f"carver bug: the attention model predicted {total} us for {self!r} with {c}")
+        terms = {"tensor": tensor, "softmax": softmax, "pipeline": pipe, "ingest": ingest}
+        bound = "memory" if dram > body else max(terms, key=terms.get)
+        return AttentionPrediction(
+            config=dict(c), latency_ms=total / 1e3, tensor_us=tensor, softmax_us=softmax, pipeline_us=pipe,
+            step_us=step, waves=waves, occupancy=occ, ctas=ctas, bound=bound,
+            tflops=p.flops / (total * 1e-6) / 1e12, warp_specialized=ws, smem_bytes=smem, acc_regs=acc,
+            errors=errors)
+
+    def rank(self, configs: Iterable[Mapping[str, Any]]) -> Ranking:
+        """Legal configs best first with their predictions; illegal ones dropped with the reasons."""
+        good, dropped = [], []
+        for cfg in configs:
+            why = self.validate(cfg)
+            if why:
+                dropped.append(DroppedConfig(cfg, tuple(why)))
+            else:
+                c = normalize_attention_config(cfg)
+                good.append((c, self._predict(c)))
+        good.sort(key=lambda g: (g[1].latency_ms, tuple(g[0].values())))
+        return Ranking(tuple(RankedConfig(c, pr) for c, pr in good), tuple(dropped))
+
+    def recommend_hints(self, topk: int = 8) -> list[AttentionHint]:
+        """The ``topk`` best legal configs of :func:`attention_space`, best first."""
+        topk = positive_int(topk, "topk")
+        ranked = self.rank(attention_space()).ranked
+        if not ranked:
+            raise ValueError(f"no legal attention config for {self!r}")
+        return [AttentionHint(tuple(r.config.items()), r.prediction) for r in ranked[:topk]]

@@ -1,0 +1,135 @@
+"""The attention family's program: flash-attention forward (online softmax), BSHD, MHA or GQA.
+
+One CTA owns ``block_M`` query rows of one (batch, query head) and walks the keys in steps of
+``block_N``: ``S = Q K^T`` (tensor cores, fp32), the running row max and sum (exp2 with the scale
+folded in), ``O = O * rescale + P V``; at the end ``O / rowsum`` is stored in the input dtype. This is
+TileLang's ``examples/flash_attention/example_gqa_fwd_bshd.py``; ``overlap`` takes the explicit
+software-pipeline schedule of its ``example_gqa_fwd_bshd_wgmma_pipelined.py`` (the softmax of step k
+runs while ``P V`` of step k - 1 is on the tensor cores), written per statement for TileLang 0.1.15,
+whose ``T.Pipelined`` takes ``order``/``stage`` per scheduled statement (no ``group=``).
+
+Sequence lengths that are not multiples of the blocks:
+
+* keys at positions >= seq_len get a score of -inf before the row max (the score tile starts at 0 or
+  -inf and the product accumulates onto it), and K/V rows past seq_len are loaded as zeros (TileLang
+  guards the copy: TMA fills out-of-range rows with zeros, cp.async copies are predicated with zero
+  fill), so ``P V`` multiplies exact zeros, never garbage;
+* query rows past seq_len are computed on zero-filled Q and never stored (the output copy is guarded);
+* no row ever sees a whole first step masked (key 0 is visible to every query, causal or not), so the
+  running max is finite after step 0 and ``exp2(-inf - max)`` is 0, never ``-inf - -inf`` = NaN.
+
+Causal: the loop stops at the last key block the CTA's last query row can see.
+"""
+
+# No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations.
+from typing import TYPE_CHECKING
+
+from .config import AttentionConfig, AttentionProblem, make_problem
+
+if TYPE_CHECKING:
+    from tvm.tirx import PrimFunc
+
+__all__ = ["OVERLAP_ORDER", "OVERLAP_STAGE", "kernel", "program"]
+
+#: The overlap schedule, one entry per statement of the loop body below (15 statements: K copy, mask,
+#: S gemm, the nine softmax statements, the O rescale, V copy, P V gemm). Emitted per iteration k as
+#: K copy, mask and S gemm of step k, then O rescale, V copy and P V of step k - 1 (stage 1), then the
+#: softmax of step k: TileLang's wgmma_pipelined example's groups [[0], [1, 2], [3..11], [12], [13],
+#: [14]], order [-1, 0, 3, 1, -1, 2], stage [-1, 0, 0, 1, -1, 1], written per statement with distinct
+#: orders as TileLang 0.1.15 requires.
+OVERLAP_ORDER = [0, 1, 2] + list(range(6, 15)) + [3, 4, 5]
+OVERLAP_STAGE = [0, 0, 0] + [0] * 9 + [1, 1, 1]
+
+
+def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
+    """Build the attention ``T.prim_func`` for one config (nothing is compiled here): ``O = k(Q, K, V)``.
+    The config must pass ``templates.attention.space.check``; the template checks before calling."""
+    import tilelang.language as T
+
+    B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
+    groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
+    block_M, block_N = config.block_M, config.block_N
+    scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
+    q_shape = (B, S, H, D)
+    kv_shape = (B, S, problem.kv_heads, D)
+    if config.overlap:
+        pipelined = dict(order=OVERLAP_ORDER, stage=OVERLAP_STAGE)
+    else:
+        pipelined = dict(num_stages=config.num_stages)
+
+    @T.prim_func
+    def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+             Output: T.Tensor(q_shape, dtype)):
+        with T.Kernel(T.ceildiv(S, block_M), H, B, threads=config.threads) as (bx, by, bz):
+            Q_shared = T.alloc_shared((block_M, D), dtype)
+            K_shared = T.alloc_shared((block_N, D), dtype)
+            V_shared = T.alloc_shared((block_N, D), dtype)
+            O_shared = T.alloc_shared((block_M, D), dtype)
+            acc_s = T.alloc_fragment((block_M, block_N), accum)
+            acc_s_cast = T.alloc_fragment((block_M, block_N), dtype)
+            acc_o = T.alloc_fragment((block_M, D), accum)
+            scores_max = T.alloc_fragment((block_M,), accum)
+            scores_max_prev = T.alloc_fragment((block_M,), accum)
+            scores_scale = T.alloc_fragment((block_M,), accum)
+            scores_sum = T.alloc_fragment((block_M,), accum)
+            logsum = T.alloc_fragment((block_M,), accum)
+
+            T.copy(Q[bz, bx * block_M:(bx + 1) * block_M, by, :], Q_shared)
+            T.fill(acc_o, 0)
+            T.fill(logsum, 0)
+            T.fill(scores_max, -T.infinity(accum))
+            if causal:
+                steps = T.min(T.ceildiv(S, block_N), T.ceildiv((bx + 1) * block_M, block_N))
+            else:
+                steps = T.ceildiv(S, block_N)
+
+            for k in T.Pipelined(steps, **pipelined):
+                T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_shared)
+                if causal:
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j) & (k * block_N + j < S),
+                                                     0, -T.infinity(accum))
+                else:
+                    for i, j in T.Parallel(block_M, block_N):
+                        acc_s[i, j] = T.if_then_else(k * block_N + j < S, 0, -T.infinity(accum))
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+
+                T.copy(scores_max, scores_max_prev)
+                T.fill(scores_max, -T.infinity(accum))
+                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+                for i in T.Parallel(block_M):
+                    scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
+                for i in T.Parallel(block_M):
+                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
+                for i, j in T.Parallel(block_M, block_N):
+                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
+                T.reduce_sum(acc_s, scores_sum, dim=1)
+                for i in T.Parallel(block_M):
+                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+                T.copy(acc_s, acc_s_cast)
+
+                for i, j in T.Parallel(block_M, D):
+                    acc_o[i, j] *= scores_scale[i]
+                T.copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_shared)
+                T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+            for i, j in T.Parallel(block_M, D):
+                acc_o[i, j] /= logsum[i]
+            T.copy(acc_o, O_shared)
+            T.copy(O_shared, Output[bz, bx * block_M:(bx + 1) * block_M, by, :])
+
+    return main
+
+
+def kernel(batch: int, heads: int, seq_len: int, dim: int, block_M: int, block_N: int, num_stages: int,
+           threads: int, overlap: bool = False, kv_heads: int | None = None, causal: bool = False,
+           dtype: str = "float16") -> "PrimFunc":
+    """:func:`program` with loose arguments (the kernel function with reserved parameters), checked by
+    the rules no GPU escapes first."""
+    from .space import require
+
+    problem = make_problem(batch, heads, seq_len, dim, kv_heads, causal, dtype)
+    config = AttentionConfig(block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads,
+                             overlap=overlap)
+    require(problem, config)
+    return program(problem, config)

@@ -1,0 +1,70 @@
+"""The attention family's configs: the exhaustive grid, the carver's ranked candidates, the check.
+
+All three come from the carver's attention model (``carver.attention``), which takes the same keys and
+rules as this kernel (STYLE.md 4): the grid is ``carver.attention.attention_space`` less what no GPU
+runs, the check is ``check_attention_config``, and the candidates are the model's ranking of the grid.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from carver.attention import AttentionTemplate, attention_space, check_attention_config
+
+from .config import AttentionConfig, AttentionProblem
+
+if TYPE_CHECKING:
+    from carver.arch import GPUArch
+
+__all__ = ["PER_BLOCK", "candidates", "carver_template", "check", "require", "space"]
+
+#: At most this many of the top-k share a (block_M, block_N): the model is not calibrated on measured
+#: attention grids yet, so the top-k hedges over the tile shape rather than trusting one.
+PER_BLOCK = 2
+
+
+def carver_template(problem: AttentionProblem, arch: Any = "cuda") -> AttentionTemplate:
+    """The carver's attention model of this problem on ``arch`` (a name, "cuda" for the local GPU, or an
+    arch object): ``.recommend_hints(k)``, ``.rank(configs)``, ``.validate(config)``, ``.predict(config)``."""
+    return AttentionTemplate(problem).with_arch(arch)
+
+
+def space(problem: AttentionProblem) -> list[AttentionConfig]:
+    """The exhaustive grid (block_M x block_N x num_stages x threads x overlap) less the configs no GPU
+    can run (a warp without 16 rows, overlap off its two stages); a GPU's rules are ``check``'s."""
+    return [AttentionConfig(**c) for c in attention_space() if not check_attention_config(problem, c)]
+
+
+def check(problem: AttentionProblem, config: AttentionConfig, arch: GPUArch | None = None) -> list[str]:
+    """Why ``config`` cannot run for ``problem`` (empty: legal): the carver's attention rules, on ``arch``."""
+    return check_attention_config(problem, config.kernel_kwargs(), arch)
+
+
+def require(problem: AttentionProblem, config: AttentionConfig) -> None:
+    problems = check(problem, config)
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
+               variants: bool = True) -> list[AttentionConfig]:
+    """The carver's ranking of :func:`space` for ``arch``, best first, at most :data:`PER_BLOCK` per tile
+    shape until the grid runs out of others (the first is the model's top-1). ``variants``: on Hopper,
+    the best ``overlap=True`` config is appended when none made the top-k, so tuning measures it."""
+    if arch is None:
+        raise ValueError("the attention template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    tmpl = carver_template(problem, arch)
+    ranked = [AttentionConfig(**c) for c in tmpl.rank(c.kernel_kwargs() for c in space(problem)).configs]
+    picked: list[AttentionConfig] = []
+    seen: dict[tuple[int, int], int] = {}
+    for c in ranked:
+        shape = (c.block_M, c.block_N)
+        if seen.get(shape, 0) < PER_BLOCK:
+            picked.append(c)
+            seen[shape] = seen.get(shape, 0) + 1
+        if len(picked) == topk:
+            break
+    picked += [c for c in ranked if c not in picked][: topk - len(picked)]
+    if variants and not any(c.overlap for c in picked):
+        picked += [c for c in ranked if c.overlap][:1]
+    return picked
