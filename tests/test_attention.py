@@ -1,0 +1,259 @@
+"""The attention family: offline logic, compile-only for sm_90a and sm_80 (nvcc), runs on a GPU (gpu)."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from carver.arch import CUDA
+from carver.attention import AttentionTemplate, check_attention_config
+from templates import attention
+from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
+from templates.attention.space import PER_BLOCK
+from templates.protocol import CUDAUnavailableError, Template, TuneOptions
+
+LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
+
+
+def cfg(bm: int, bn: int, stages: int, threads: int, overlap: bool = False) -> AttentionConfig:
+    return AttentionConfig(block_M=bm, block_N=bn, num_stages=stages, threads=threads, overlap=overlap)
+
+
+# -------------------------------------------------------------------------------- offline logic
+def test_problem_is_validated_with_value_and_fix():
+    p = AttentionProblem(2, 32, 1000, 128, kv_heads=8, causal=True, dtype="bf16")
+    assert (p.kv_heads, p.groups, p.dtype) == (8, 4, "bfloat16")
+    assert AttentionProblem(1, 4, 10, 64).kv_heads == 4
+    with pytest.raises(ValueError, match=r"dim must be one of \[64, 128\].*got 96.*pad the head dim"):
+        AttentionProblem(1, 4, 1000, 96)
+    with pytest.raises(ValueError, match="heads=32 must be a multiple of kv_heads=5"):
+        AttentionProblem(1, 32, 1000, 64, kv_heads=5)
+    with pytest.raises(ValueError, match=r"dtype must be one of \['float16', 'bfloat16'\], got 'float32'"):
+        AttentionProblem(1, 4, 1000, 64, dtype="float32")
+    with pytest.raises(ValueError, match="seq_len must be a positive int, got 0"):
+        AttentionProblem(1, 4, 0, 64)
+    with pytest.raises(ValueError, match="batch must be at most 65535"):
+        AttentionProblem(70000, 1, 16, 64)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        AttentionProblem(1, 4, 16, 64, causal="yes")
+
+
+def test_flops_count_the_unmasked_pairs():
+    full = AttentionProblem(2, 8, 1000, 64)
+    causal = AttentionProblem(2, 8, 1000, 64, causal=True)
+    assert full.flops == 4 * 2 * 8 * 1000 * 1000 * 64
+    assert causal.flops == 4 * 2 * 8 * (1000 * 1001 // 2) * 64
+    assert causal.flops / full.flops == pytest.approx(0.5, abs=1e-3)
+
+
+def test_config_is_validated_and_round_trips():
+    c = AttentionConfig.from_dict({"block_M": 128, "block_N": 64, "num_stages": 2, "threads": 256})
+    assert c.overlap is False and c.to_dict() == {"block_M": 128, "block_N": 64, "num_stages": 2, "threads": 256}
+    assert AttentionConfig.from_dict({**c.to_dict(), "overlap": True}).to_dict()["overlap"] is True
+    with pytest.raises(ValueError, match=r"threads must be a multiple of 32, got 100; use 128 or 256"):
+        cfg(64, 64, 2, 100)
+    with pytest.raises(ValueError, match="block_M must be a multiple of 16, got 40"):
+        cfg(40, 64, 2, 128)
+    with pytest.raises(ValueError, match="num_stages must be at most 4"):
+        cfg(64, 64, 9, 128)
+    with pytest.raises(TypeError, match="overlap must be a bool"):
+        AttentionConfig(block_M=64, block_N=64, num_stages=2, threads=128, overlap="yes")
+    with pytest.raises(ValueError, match="unknown config key"):
+        AttentionConfig.from_dict({**c.to_dict(), "block_K": 32})
+
+
+def test_check_names_the_rule_and_the_fix():
+    p = AttentionProblem(**LLAMA)
+    h100, a100 = CUDA("H100"), CUDA("A100-80GB")
+    (why,) = ATTENTION.check(p, cfg(64, 64, 2, 256))
+    assert "block_M must be a multiple of 128" in why and "use threads=128" in why
+    why = ATTENTION.check(p, cfg(128, 128, 4, 256), a100)  # 32 KB of Q + 4 x 64 KB of K and V
+    assert any("KB of shared memory" in w and "over the 163 KB" in w and "fewer num_stages" in w for w in why)
+    why = ATTENTION.check(p, cfg(128, 128, 2, 128), h100)
+    assert any("registers per thread" in w and "more threads" in w for w in why)
+    assert any("has no wgmma" in w for w in ATTENTION.check(p, cfg(128, 64, 2, 256, True), a100))
+    assert any("use num_stages=2" in w for w in ATTENTION.check(p, cfg(128, 64, 3, 256, True)))
+    causal = AttentionProblem(**LLAMA, causal=True)
+    assert any("use num_stages=1" in w for w in ATTENTION.check(causal, cfg(64, 64, 2, 128), a100))
+    assert ATTENTION.check(causal, cfg(64, 64, 1, 128), a100) == []
+    assert ATTENTION.check(causal, cfg(64, 64, 2, 128), h100) == []  # TMA: no cp.async pipeline
+    with pytest.raises(ValueError, match="block_M must be a multiple of 128"):
+        ATTENTION.as_config(p, {"block_M": 64, "block_N": 64, "num_stages": 2, "threads": 256})
+    assert check_attention_config(p, {"block_M": 64}) and "missing" in check_attention_config(p, {"block_M": 64})[0]
+
+
+@pytest.mark.parametrize("shape", [dict(LLAMA), dict(LLAMA, causal=True, dim=64), dict(batch=1, heads=4, seq_len=1,
+                                                                                         dim=64)])
+def test_space_is_legal_and_is_what_the_carver_ranks(shape):
+    p = AttentionProblem(**shape)
+    space = ATTENTION.space(p)
+    assert 20 <= len(space) <= 72 and len(set(space)) == len(space)
+    assert all(ATTENTION.check(p, c) == [] for c in space)
+    assert any(c.overlap for c in space) and {c.block_N for c in space} == {32, 64, 128}
+    for arch in ("H100", "A100-80GB"):
+        tmpl = attention.carver_template(p, arch)
+        ranking = tmpl.rank(c.kernel_kwargs() for c in space)
+        legal = [c for c in space if not ATTENTION.check(p, c, CUDA(arch))]
+        assert sorted(map(str, ranking.configs)) == sorted(str(c.kernel_kwargs()) for c in legal)
+        assert len(ranking.dropped) == len(space) - len(legal)
+
+
+@pytest.mark.parametrize("arch", ["H100", "H200", "A100-80GB"])
+def test_candidates_are_ranked_deterministic_and_quick(arch):
+    p = AttentionProblem(**LLAMA, causal=True)
+    tmpl = AttentionTemplate(p).with_arch(arch)
+    t = time.perf_counter()
+    hints = tmpl.recommend_hints(8)
+    ms = (time.perf_counter() - t) * 1e3
+    print(f"attention recommend_hints(8) {arch}: {ms:.1f} ms")  # the issue's bound is 50 ms on a workstation
+    assert ms < 200
+    top = ATTENTION.candidates(p, CUDA(arch), 8)
+    assert top == ATTENTION.candidates(p, CUDA(arch), 8)
+    assert len(top) == len(set(top)) and all(c in ATTENTION.space(p) for c in top)
+    assert all(ATTENTION.check(p, c, CUDA(arch)) == [] for c in top)
+    assert top[0] == AttentionConfig(**hints[0].to_config())
+    assert [h.predicted_ms for h in hints] == sorted(h.predicted_ms for h in hints)
+    shapes = [(c.block_M, c.block_N) for c in top]
+    assert max(shapes.count(s) for s in shapes) <= PER_BLOCK
+    assert any(c.overlap for c in top) == CUDA(arch).has_wgmma  # the Hopper variant, never on Ampere
+    with pytest.raises(ValueError, match="pass arch"):
+        ATTENTION.candidates(p, None, 8)
+
+
+def test_model_is_monotone_where_physics_says_so():
+    h100 = CUDA("H100")
+    c = cfg(128, 128, 2, 256).kernel_kwargs()
+    full = AttentionTemplate(AttentionProblem(**LLAMA)).with_arch(h100).predict(c)
+    causal = AttentionTemplate(AttentionProblem(**LLAMA, causal=True)).with_arch(h100).predict(c)
+    longer = AttentionTemplate(AttentionProblem(**dict(LLAMA, seq_len=8192))).with_arch(h100).predict(c)
+    assert 0.4 < causal.latency_ms / full.latency_ms < 0.65
+    assert 3.0 < longer.latency_ms / full.latency_ms < 5.0
+    assert 100 < full.tflops < 989 and full.warp_specialized and full.errors == ()
+    a100 = AttentionTemplate(AttentionProblem(**LLAMA)).with_arch("A100-80GB")
+    bad = a100.predict(cfg(128, 128, 4, 256).kernel_kwargs())
+    assert bad.errors and bad.latency_ms > 0
+
+
+def _naive(Q, K, V, causal):
+    import torch
+
+    g = Q.shape[2] // K.shape[2]
+    k, v = K.float().repeat_interleave(g, dim=2), V.float().repeat_interleave(g, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", Q.float(), k) / Q.shape[-1] ** 0.5
+    if causal:
+        S = Q.shape[1]
+        s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_reference_is_chunked_sdpa_math(causal, monkeypatch):
+    import torch
+
+    from templates.attention import reference as ref_mod
+
+    monkeypatch.setattr(ref_mod, "CHUNK_BYTES", 4 * 33 * 2 * 4)  # 2 query heads per KV head: 4 rows a chunk
+    gen = torch.Generator().manual_seed(0)
+    Q = torch.randn(2, 33, 4, 64, generator=gen).to(torch.bfloat16)
+    K, V = (torch.randn(2, 33, 2, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    out = attention.ref_program(Q, K, V, causal=causal)
+    assert out.dtype == torch.bfloat16 and out.shape == Q.shape
+    torch.testing.assert_close(out.float(), _naive(Q, K, V, causal), atol=4e-3, rtol=4e-3)
+    assert ATTENTION.reference(AttentionProblem(2, 4, 33, 64, 2, causal)).keywords == {"causal": causal}
+
+
+def test_template_protocol_and_no_gpu_path():
+    import torch
+
+    assert isinstance(ATTENTION, Template)
+    p = AttentionProblem(**LLAMA)
+    with pytest.raises(TypeError, match="AttentionProblem"):
+        ATTENTION.tune((1, 4, 16, 64))
+    with pytest.raises(ValueError, match="C target"):
+        ATTENTION.resolve(p, "c")
+    tuner = ATTENTION.tuner(p, TuneOptions(target="sm_90a", topk=4))
+    assert len(tuner.configs) in (4, 5) and any(c.get("overlap") for c in tuner.configs)  # overlap: in or added
+    if not torch.cuda.is_available():
+        with pytest.raises(CUDAUnavailableError, match="sm_90a"):
+            attention.tune(1, 4, 1000, 64, topk=2)
+
+
+# -------------------------------------------------------------------------------- nvcc: sm_90a, sm_80
+@pytest.mark.nvcc
+def test_compiles_for_sm90a_mha_tail():
+    """MHA, dim 64, seq_len 1001 (no block divides it): TMA loads (zero-filled past the end), the -inf
+    mask on keys >= 1001, the TMA store that drops rows past the end."""
+    k = attention.compile(1, 4, 1001, 64, config=cfg(128, 64, 2, 256).to_dict(), target="sm_90a")
+    src = k.get_kernel_source()
+    assert "tma_load(K_desc" in src and "tma_load(V_desc" in src and "tma_store(Output_desc" in src
+    assert "wgmma" in src and "-CUDART_INF_F" in src and "< 1001)" in src
+
+
+@pytest.mark.nvcc
+def test_compiles_for_sm90a_gqa_causal_bf16():
+    k = attention.compile(1, 32, 1000, 128, kv_heads=8, causal=True, dtype="bfloat16",
+                          config=cfg(128, 128, 2, 256).to_dict(), target="sm_90a")
+    src = k.get_kernel_source()
+    assert "kBFloat16" in src and "wgmma" in src and "tma_load(K_desc" in src
+    assert "((int)blockIdx.y) >> 2)" in src  # query head h reads KV head h // 4
+
+
+@pytest.mark.nvcc
+def test_compiles_for_sm90a_overlap():
+    """The explicit schedule lowers to cp.async (no TMA producer) in TileLang 0.1.15: its K loads of the
+    last, partial step are predicated with zero fill."""
+    k = attention.compile(1, 8, 1000, 128, kv_heads=2, config=cfg(128, 128, 2, 256, True).to_dict(), target="sm_90a")
+    src = k.get_kernel_source()
+    assert "wgmma_rs" in src and "cp_async_gs_conditional" in src and "tma_load" not in src
+
+
+@pytest.mark.nvcc
+def test_compiles_for_sm80_causal():
+    """Ampere: mma.sync and cp.async with zero-filled tail loads; the output store is guarded."""
+    k = attention.compile(1, 4, 1001, 64, causal=True, config=cfg(64, 64, 1, 128).to_dict(), target="sm_80")
+    src = k.get_kernel_source()
+    assert "tl::mma_sync" in src and "tl::wgmma" not in src and "cp_async_gs_conditional" in src
+    assert re.search(r"< 1001\)+ \{\s*\*\(uint4\*\)\(Output \+", src), "the O store is not guarded"
+
+
+# -------------------------------------------------------------------------------- on a GPU
+GPU_SHAPES = [
+    dict(batch=1, heads=4, seq_len=1000, dim=64),
+    dict(batch=2, heads=8, seq_len=777, dim=128, kv_heads=2, causal=True, dtype="bfloat16"),
+    dict(batch=1, heads=32, seq_len=1025, dim=128, kv_heads=8, causal=True),
+    dict(batch=2, heads=4, seq_len=513, dim=64, causal=False, dtype="bfloat16"),
+    dict(batch=1, heads=2, seq_len=40, dim=64, causal=True),  # shorter than every block
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: AttentionProblem(**s).describe().replace(" ", "-"))
+def test_runs_and_matches_the_fp32_reference(shape):
+    import torch
+
+    p = AttentionProblem(**shape)
+    arch = CUDA("cuda")
+    dt = getattr(torch, p.dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    Q = torch.randn(p.batch, p.seq_len, p.heads, p.dim, device="cuda", generator=gen).to(dt)
+    K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
+    ref = attention.ref_program(Q, K, V, causal=p.causal).float()
+    configs = ATTENTION.candidates(p, arch, 3)
+    configs += [c for c in ATTENTION.space(p)[::7] if not ATTENTION.check(p, c, arch) and c not in configs]
+    for c in configs:
+        out = ATTENTION.compile(p, c)(Q, K, V)
+        bad = int((~torch.isclose(out.float(), ref, atol=1e-2, rtol=1e-2)).sum())
+        assert bad == 0, (str(c), bad, float((out.float() - ref).abs().max()))
+
+
+@pytest.mark.gpu
+def test_tune_end_to_end():
+    import torch
+
+    k = attention.tune(1, 8, 1000, 128, kv_heads=2, causal=True, topk=3, rep=5)
+    Q = torch.randn(1, 1000, 8, 128, device="cuda").half()
+    K, V = (torch.randn(1, 1000, 2, 128, device="cuda").half() for _ in "KV")
+    ref = attention.ref_program(Q, K, V, causal=True).float()
+    assert torch.allclose(k(Q, K, V).float(), ref, atol=1e-2, rtol=1e-2)
