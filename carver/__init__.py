@@ -6,6 +6,7 @@ neither torch nor tilelang.
 """
 
 from .arch import CUDA, GPUArch
+from .attention import AttentionTemplate
 from .hint import Hint, NoRasterization, Rasterization2DRow
 from .matmul import MatmulTemplate, Prediction, Ranking
 from .problem import MatmulProblem
@@ -13,6 +14,7 @@ from .templates import ElementwiseTemplate, GEMVTemplate, GeneralReductionTempla
 from .validity import check_matmul_config
 
 __all__ = [
+    "AttentionTemplate",
     "CUDA",
     "ElementwiseTemplate",
     "GEMVTemplate",
