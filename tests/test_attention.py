@@ -175,6 +175,10 @@ def test_template_protocol_and_no_gpu_path():
         ATTENTION.resolve(p, "c")
     tuner = ATTENTION.tuner(p, TuneOptions(target="sm_90a", topk=4))
     assert len(tuner.configs) in (4, 5) and any(c.get("overlap") for c in tuner.configs)  # overlap: in or added
+    func = attention.kernel(1, 4, 100, 64, 64, 32, 2, 128, causal=True)  # builds, compiles nothing
+    assert [str(b.dtype) for b in func.buffer_map.values()] == ["float16"] * 4
+    with pytest.raises(ValueError, match="use threads=128"):
+        attention.kernel(1, 4, 100, 64, 64, 32, 2, 256)
     if not torch.cuda.is_available():
         with pytest.raises(CUDAUnavailableError, match="sm_90a"):
             attention.tune(1, 4, 1000, 64, topk=2)
@@ -240,8 +244,8 @@ def test_runs_and_matches_the_fp32_reference(shape):
     Q = torch.randn(p.batch, p.seq_len, p.heads, p.dim, device="cuda", generator=gen).to(dt)
     K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
     ref = attention.ref_program(Q, K, V, causal=p.causal).float()
-    configs = ATTENTION.candidates(p, arch, 3)
-    configs += [c for c in ATTENTION.space(p)[::7] if not ATTENTION.check(p, c, arch) and c not in configs]
+    configs = ATTENTION.candidates(p, arch, 2)  # on Hopper with the best overlap config
+    configs += [c for c in ATTENTION.space(p)[::12] if not ATTENTION.check(p, c, arch) and c not in configs]
     for c in configs:
         out = ATTENTION.compile(p, c)(Q, K, V)
         bad = int((~torch.isclose(out.float(), ref, atol=1e-2, rtol=1e-2)).sum())
