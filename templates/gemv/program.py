@@ -95,8 +95,8 @@ def _mma_program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
     """The tensor-core path: the matmul family's program for ``x @ W.T`` with a 16-row tile of x."""
     from carver.problem import MatmulProblem
     from carver.templates import GEMV_MMA_ROWS
-    from templates.matmul import MatmulConfig
-    from templates.matmul import program as matmul_program
+    from templates.matmul.config import MatmulConfig
+    from templates.matmul.program import program as matmul_program
 
     mm = MatmulProblem(problem.M, problem.N, problem.K, problem.dtype, problem.out_dtype, trans_B=True)
     return matmul_program(mm, MatmulConfig(
