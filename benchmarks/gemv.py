@@ -1,14 +1,15 @@
 """GEMV on the GPU: the exhaustive grid, the carver's top-8 against it, bandwidth against a copy, and the
 tuned kernel against torch (cuBLAS). One process, its own time limit, JSON written after every shape.
 
-    . .gpu/setup.sh && python3 benchmarks/gemv.py --out $OUT/gemv            # about 6-8 minutes
+    . .gpu/setup.sh && python3 benchmarks/gemv.py --out $OUT/gemv            # about 10-14 minutes
+    python3 benchmarks/gemv.py --out $OUT/gemv --steps grid,holdout          # split over two calls
     python3 benchmarks/gemv.py --quick --out /tmp/gemv                        # about 2 minutes
 
 Steps (``--steps grid,holdout,torch``, all by default):
 
-* ``grid``: every config of ``templates.gemv.space`` for the calibration shapes (M = 1 and 16 on
-  4096x4096 and 11008x4096, fp16), each checked against the fp32 product (zero mismatches at
-  atol = rtol = 1e-2) and timed; files ``grid/<M>x<N>x<K>-<dtype>.json`` in
+* ``grid``: every config of ``templates.gemv.space`` (both paths: 72 SIMT, up to 40 mma) for the
+  calibration shapes (M = 1 and 16 on 4096x4096 and 11008x4096, fp16), each checked against the fp32
+  product (zero mismatches at atol = rtol = 1e-2) and timed; files ``grid/<M>x<N>x<K>-<dtype>.json`` in
   ``benchmarks/measure_gemm_grid.py``'s format (``summary`` + ``results``, with ``family: gemv``), so
   ``benchmarks/hint_quality.py --gemv-data`` scores them offline.
 * ``holdout``: the same on shapes not in the calibration data (Llama-3-8B), and the carver's best of

@@ -17,7 +17,9 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +29,7 @@ from .model import ModelConstants, constants_for, predict_arrays
 from .problem import MatmulProblem
 from .validity import legal_mask
 
-__all__ = ["Grid", "FREE", "fit", "load_grids", "score"]
+__all__ = ["Grid", "FREE", "fit", "fit_log_space", "load_grids", "score"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,28 +88,34 @@ def score(grid: Grid, arch: GPUArch, const: ModelConstants) -> dict[str, float]:
                 spearman=float(spearmanr(pred, grid.measured_us).statistic))
 
 
+def fit_log_space(start: Any, free: tuple[str, ...], bounds: dict[str, tuple[float, float]],
+                  residuals: Callable[[Any], np.ndarray], max_nfev: int = 300) -> Any:
+    """Least squares over the constants ``free`` of ``start`` (a dataclass with ``replace``), in log space
+    within ``bounds``; ``residuals(constants)`` is the vector to shrink. Shared by the GEMM and GEMV fits."""
+    from scipy.optimize import least_squares
+
+    lo = [math.log(bounds.get(n, (1e-6, 1e9))[0]) for n in free]
+    hi = [math.log(bounds.get(n, (1e-6, 1e9))[1]) for n in free]
+
+    def unpack(x: np.ndarray) -> Any:
+        return start.replace(**{n: math.exp(v) for n, v in zip(free, x)})
+
+    x0 = np.clip([math.log(max(getattr(start, n), 1e-2)) for n in free], np.array(lo) + 1e-9, np.array(hi) - 1e-9)
+    return unpack(least_squares(lambda x: residuals(unpack(x)), x0, bounds=(lo, hi), max_nfev=max_nfev).x)
+
+
 def fit(grids: list[Grid], arch: GPUArch, start: ModelConstants, free: tuple[str, ...] = FREE,
         max_nfev: int = 300) -> ModelConstants:
     """Weighted least squares on log latency ratios over all grids."""
-    from scipy.optimize import least_squares
-
     lws = [lower(g.problem, arch, g.configs) for g in grids]
     weights = [1.0 + 4.0 * (g.measured_us.min() / g.measured_us) ** 2 for g in grids]
-    lo = [math.log(_BOUNDS.get(n, (1e-6, 1e9))[0]) for n in free]
-    hi = [math.log(_BOUNDS.get(n, (1e-6, 1e9))[1]) for n in free]
 
-    def unpack(x: np.ndarray) -> ModelConstants:
-        return start.replace(**{n: math.exp(v) for n, v in zip(free, x)})
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        const = unpack(x)
+    def residuals(const: ModelConstants) -> np.ndarray:
         out = [w * np.log(predict_arrays(g.problem, arch, lw, const).latency_us / g.measured_us)
                for g, lw, w in zip(grids, lws, weights)]
         return np.concatenate(out)
 
-    x0 = np.clip([math.log(getattr(start, n)) for n in free], np.array(lo) + 1e-9, np.array(hi) - 1e-9)
-    res = least_squares(residuals, x0, bounds=(lo, hi), max_nfev=max_nfev)
-    return unpack(res.x)
+    return fit_log_space(start, free, _BOUNDS, residuals, max_nfev)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,8 +7,10 @@ flight per SM), over waves of CTAs. They reuse the family's calibrated latency a
 nothing here is calibrated on measurements of these kernels yet (docs/carver.md says so).
 
 Config keys: elementwise ``block_size`` (elements per CTA), ``thread_num``; GEMV ``block_N`` (output
-rows per CTA), ``block_K`` (reduction chunk per step), ``thread_num`` (``templates.gemv``'s kernel);
-reduction ``block_M`` (rows per CTA), ``block_N`` (chunk per step), ``thread_num``.
+rows per CTA), ``block_K`` (reduction chunk per step), ``thread_num`` and, for its tensor-core path,
+``path="mma"``, ``num_stages``, ``split_k`` (``templates.gemv``'s kernels; the GEMV has its own fitted
+model, ``carver.gemv_model``); reduction ``block_M`` (rows per CTA), ``block_N`` (chunk per step),
+``thread_num``.
 """
 
 from __future__ import annotations
@@ -20,19 +22,44 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .arch import CUDA, GPUArch
+from .gemv_model import GemvConstants, gemv_constants_for, gemv_time
 from .hint import NoRasterization
+from .lowering import ConfigArrays, lower
 from .matmul import DroppedConfig, RankedConfig, Ranking
 from .model import ModelConstants, constants_for
-from .problem import INT32_MAX, canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, positive_int, shape_dim
+from .problem import (
+    INT32_MAX,
+    MatmulProblem,
+    canonical_dtype,
+    check_device_bytes,
+    dtype_bytes,
+    int_in_range,
+    positive_int,
+    shape_dim,
+)
+from .validity import (
+    MAX_BLOCK,
+    MAX_GRID_YZ,
+    MAX_NUM_STAGES,
+    MAX_SMEM_PER_BLOCK,
+    check_matmul_config,
+    legal_mask,
+    split_k_limit,
+)
 
 __all__ = [
     "GEMV_GRID",
     "GEMV_MAX_M",
+    "GEMV_MMA_GRID",
+    "GEMV_MMA_ROWS",
+    "GEMV_OPTIONAL",
+    "GEMV_PATHS",
     "ElementwiseTemplate",
     "GEMVTemplate",
     "GeneralReductionTemplate",
     "KernelHint",
     "KernelPrediction",
+    "gemv_mma_threads",
     "gemv_space",
     "gemv_vec",
 ]
@@ -163,6 +190,10 @@ class _MemoryBoundTemplate:
                     f"got {t}"]
         return []
 
+    def _tie_key(self, c: dict[str, Any]) -> tuple:
+        """Orders configs the model predicts equal (the same order every run)."""
+        return tuple(c.values())
+
     def validate(self, config: Mapping[str, Any]) -> list[str]:
         """Why ``config`` cannot run here ([] when legal); each message names the value and a fix."""
         cfg, problems = self._normalize(config)
@@ -207,7 +238,7 @@ class _MemoryBoundTemplate:
             else:
                 cfg = self._normalize(c)[0]
                 good.append((cfg, self._predict(cfg)))
-        good.sort(key=lambda g: (g[1].latency_ms, tuple(g[0].values())))
+        good.sort(key=lambda g: (g[1].latency_ms, self._tie_key(g[0])))
         return Ranking(tuple(RankedConfig(c, p) for c, p in good), tuple(dropped))
 
     def recommend_hints(self, topk: int = 8) -> list[KernelHint]:
@@ -216,7 +247,7 @@ class _MemoryBoundTemplate:
         for c in self._space():
             if not self.validate(c):
                 p = self._predict(c)
-                scored.append((p.latency_ms, tuple(c.values()), c, p))
+                scored.append((p.latency_ms, self._tie_key(c), c, p))
         if not scored:
             raise ValueError(f"no legal config for {self!r}")
         scored.sort(key=lambda s: (s[0], s[1]))
@@ -311,15 +342,30 @@ class GeneralReductionTemplate(_MemoryBoundTemplate):
                      bytes_per_step=c["block_M"] * c["block_N"] * b, steps=math.ceil(self.N / c["block_N"]))
 
 
-#: The GEMV kernel's grid (``templates/gemv``): rows per CTA, threads along K per row (a power of two
-#: up to a warp, so the reduction is warp shuffles) and vectors each thread loads before it uses any.
+#: The GEMV kernel's grid (``templates/gemv``), SIMT path: rows per CTA, threads along K per row (a power
+#: of two up to a warp, so the reduction is warp shuffles) and vectors each thread loads before it uses any.
 GEMV_GRID: dict[str, tuple[int, ...]] = {
     "block_N": (1, 2, 4, 8, 16, 32),
     "reduce_threads": (4, 8, 16, 32),
     "unroll": (1, 2, 4, 8),
 }
+#: The mma path's grid: ``templates.matmul``'s program with a 16-row x tile (``block_M = 16``), W tiles
+#: of ``block_N x block_K`` through a ``num_stages`` pipeline, K split over ``split_k`` CTAs (summed in
+#: fp32 by a second kernel). ``thread_num`` follows block_N (:func:`gemv_mma_threads`).
+GEMV_MMA_GRID: dict[str, tuple[int, ...]] = {
+    "block_N": (16, 32, 64, 128),
+    "block_K": (128, 256, 512),
+    "num_stages": (2, 4),
+    "split_k": (1, 2),
+}
+#: The GEMV programs: CUDA-core FMAs with warp shuffles, or tensor cores (mma.sync) on a 16-row x tile.
+GEMV_PATHS: tuple[str, ...] = ("simt", "mma")
 #: Rows of x (tokens) the GEMV kernel takes: past this a tensor-core GEMM (templates.matmul) wins.
 GEMV_MAX_M = 16
+#: Rows of the mma path's x tile (one m16n8k16 row slab): rows >= M are zero-filled, never loaded or stored.
+GEMV_MMA_ROWS = 16
+#: The optional keys of a GEMV config, with the SIMT path's values.
+GEMV_OPTIONAL: dict[str, Any] = {"path": "simt", "num_stages": 0, "split_k": 1}
 
 
 def gemv_vec(K: int, dtype: str) -> int:
@@ -332,29 +378,45 @@ def gemv_vec(K: int, dtype: str) -> int:
     return vec
 
 
-def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, int]]:
-    """The GEMV kernel's whole grid for this K and dtype, as ``block_N``, ``block_K``, ``thread_num``:
-    ``thread_num = block_N * reduce_threads`` (a multiple of 32), ``block_K = reduce_threads * vec *
-    unroll`` (``vec`` 0: the widest load K allows). The carver ranks exactly these; ``templates.gemv.space``
-    is this list."""
+def gemv_mma_threads(block_N: int) -> int:
+    """Threads of the mma path: a warp per 8 columns of the tile, at most four warps (each warp owns
+    16 x block_N / warps of the accumulator)."""
+    return min(128, max(1, block_N // 8) * 32)
+
+
+def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
+    """The GEMV kernel's whole grid for this K and dtype, SIMT then mma, in the carver's dict form.
+
+    SIMT (``block_N``, ``block_K``, ``thread_num``): ``thread_num = block_N * reduce_threads`` (a multiple
+    of 32), ``block_K = reduce_threads * vec * unroll`` (``vec`` 0: the widest load K allows). mma (plus
+    ``path``, ``num_stages``, ``split_k``): :data:`GEMV_MMA_GRID` less the stages no GPU's shared memory
+    holds and the splits that leave one with no K. The carver ranks exactly these;
+    ``templates.gemv.space`` is this list less what the stand-in GPU refuses."""
     vec = vec or gemv_vec(K, dtype)
-    out = []
+    out: list[dict[str, Any]] = []
     for bn, rt, un in itertools.product(*GEMV_GRID.values()):
         if bn * rt % 32 == 0:
             out.append(dict(block_N=bn, block_K=rt * vec * un, thread_num=bn * rt))
+    for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values()):
+        smem = st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024
+        if smem <= MAX_SMEM_PER_BLOCK and sk <= split_k_limit(K, bk):
+            out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
+                            split_k=sk))
     return out
 
 
 class GEMVTemplate(GeneralReductionTemplate):
-    """``y[M, N] = x[M, K] @ A[N, K].T`` for a few rows of x (``M``, default 1): a row reduction with a
-    shared vector (re-read per CTA, from L2). The rules and the space are those of ``templates.gemv``'s
-    kernel: ``thread_num / block_N`` threads reduce one row with warp shuffles, each loading
-    ``block_K / (thread_num / block_N)`` elements per step in vectors of :func:`gemv_vec`."""
+    """``y[M, N] = x[M, K] @ A[N, K].T`` for a few rows of x (``M``, default 1), by one of two programs
+    (``templates.gemv``): ``path="simt"`` (the default), ``thread_num / block_N`` threads reduce one row
+    with warp shuffles, each loading ``block_K / (thread_num / block_N)`` elements per step in vectors
+    of :func:`gemv_vec`; ``path="mma"``, the matmul program with a 16-row x tile, checked by the
+    matmul rules (``carver.validity``). The model is :func:`carver.gemv_model.gemv_time`."""
 
-    keys = ("block_N", "block_K", "thread_num")
+    keys = ("block_N", "block_K", "thread_num", "path", "num_stages", "split_k")
 
     def __init__(self, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
-                 arch: GPUArch | str | None = None, M: int = 1, vec: int = 0) -> None:
+                 arch: GPUArch | str | None = None, M: int = 1, vec: int = 0,
+                 constants: GemvConstants | None = None) -> None:
         N, self.K = shape_dim(N, "N"), shape_dim(K, "K")
         self.rows = int_in_range(M, "M", 1, GEMV_MAX_M, meaning="rows of x",
                                  fix=f"for more than {GEMV_MAX_M} rows use the GEMM (templates.matmul)")
@@ -367,19 +429,93 @@ class GEMVTemplate(GeneralReductionTemplate):
             raise ValueError(f"vec={vec} elements cannot load rows of K={self.K} {canonical_dtype(dtype)} (a "
                              f"power of two dividing K, at most 16 bytes: at most {widest} here); use vec=0 "
                              f"(the widest, {widest}) or a power of two below it")
+        self.constants = constants
+        self._mma_ok: set[tuple] = set()  # mma configs the matmul rules passed (see _legal_mma)
         super().__init__(M=N, N=K, dtype=dtype, out_dtype=out_dtype, arch=arch)
+        # The mma path is the matmul program: its problem, for the matmul rules.
+        self.matmul_problem = MatmulProblem(self.rows, self.M, self.K, self.dtype, self.out_dtype, trans_B=True)
 
     def _args(self) -> dict[str, Any]:
         return dict(N=self.M, K=self.K, dtype=self.dtype, out_dtype=self.out_dtype, M=self.rows, vec=self._given_vec)
+
+    def with_arch(self, arch: GPUArch | str) -> GEMVTemplate:
+        return type(self)(**self._args(), arch=CUDA(arch), constants=self.constants)
 
     def _operand_bytes(self) -> int:  # A (N, K), x (M, K), y (M, N)
         b = dtype_bytes(self.dtype)
         return self.M * self.K * b + self.rows * self.K * b + self.rows * self.M * dtype_bytes(self.out_dtype)
 
-    def _space(self) -> Iterable[dict[str, int]]:
+    def _space(self) -> Iterable[dict[str, Any]]:
         return gemv_space(self.K, self.dtype, self.vec)
 
-    def _rules(self, c: dict[str, int]) -> list[str]:
+    def _normalize(self, config: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+        """The carver's dict form: the three SIMT keys, or all six for the mma path."""
+        if not isinstance(config, Mapping):
+            return None, [f"a GEMVTemplate config must be a dict, got {config!r}"]
+        path = config.get("path", "simt")
+        if path not in GEMV_PATHS:
+            return None, [f"path must be one of {list(GEMV_PATHS)}, got {path!r}; use 'simt' (CUDA cores) or "
+                          f"'mma' (tensor cores, for several rows of x)"]
+        ints = {k: v for k, v in config.items() if k != "path"}
+        if path == "mma":
+            ints = {"num_stages": 2, "split_k": 1, **ints}
+        else:
+            ints = {"num_stages": 0, "split_k": 1, **ints}
+        int_keys = tuple(k for k in self.keys if k != "path")
+        problems = [f"unknown config key(s) {[k for k in ints if k not in int_keys]}; this template takes "
+                    f"{list(self.keys)}"] if any(k not in int_keys for k in ints) else []
+        missing = [k for k in int_keys if k not in ints]
+        if missing:
+            problems.append(f"config {dict(config)} lacks {missing}; this template takes {list(self.keys)}")
+        out: dict[str, Any] = {"path": "mma"} if path == "mma" else {}
+        for k in int_keys:
+            lo = 0 if k == "num_stages" else 1
+            try:
+                out[k] = int_in_range(ints.get(k, 1), k, lo, INT32_MAX, too_big="TileLang indexes with int32")
+            except ValueError as e:
+                problems.append(str(e))
+        if problems:
+            return None, problems
+        if path == "simt" and (out["num_stages"], out["split_k"]) != (0, 1):
+            return None, [f"num_stages and split_k are keys of the mma path, got num_stages={out['num_stages']}, "
+                          f"split_k={out['split_k']} with path='simt'; add path='mma' or leave them out"]
+        if path == "simt":
+            del out["num_stages"], out["split_k"]
+        return out, []
+
+    @staticmethod
+    def _matmul_config(c: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(block_M=GEMV_MMA_ROWS, block_N=c["block_N"], block_K=c["block_K"], num_stages=c["num_stages"],
+                    thread_num=c["thread_num"], enable_rasterization=False, split_k=c["split_k"])
+
+    def _legal_mma(self, configs: list[Mapping[str, Any]]) -> None:
+        """The matmul rules for many mma configs in one vectorised pass (a config at a time costs ~1 ms):
+        the legal ones are remembered, so :meth:`_rules` skips them."""
+        arch = self._need_arch()
+        todo = [self._normalize(c)[0] for c in configs if isinstance(c, Mapping) and c.get("path") == "mma"]
+        todo = [c for c in todo if c is not None and c["num_stages"] <= MAX_NUM_STAGES
+                and max(c["block_N"], c["block_K"]) <= MAX_BLOCK and c["split_k"] <= MAX_GRID_YZ
+                and c["thread_num"] <= arch.max_threads_per_block]
+        if not todo:
+            return
+        cfgs = ConfigArrays.from_configs([self._matmul_config(c) for c in todo])
+        ok = legal_mask(self.matmul_problem, arch, lower(self.matmul_problem, arch, cfgs))
+        self._mma_ok.update(tuple(c.values()) for c, o in zip(todo, ok) if o)
+
+    def rank(self, configs: Iterable[Mapping[str, Any]]) -> Ranking:
+        configs = list(configs)
+        self._legal_mma(configs)
+        return super().rank(configs)
+
+    def recommend_hints(self, topk: int = 8) -> list[KernelHint]:
+        self._legal_mma(list(self._space()))
+        return super().recommend_hints(topk)
+
+    def _rules(self, c: dict[str, Any]) -> list[str]:
+        if c.get("path") == "mma":
+            if tuple(c.values()) in self._mma_ok:
+                return []
+            return check_matmul_config(self.matmul_problem, self._matmul_config(c), self._need_arch())
         out = self._row_rules(c["block_N"], c["block_K"], c["thread_num"], "block_K", self.vec)
         bn, bk, t = c["block_N"], c["block_K"], c["thread_num"]
         rt = t // bn
@@ -394,9 +530,21 @@ class GEMVTemplate(GeneralReductionTemplate):
                        f"block_K={rt * vec * max(1, bk // (rt * vec))}")
         return out
 
-    def _work(self, c: dict[str, int]) -> _Work:
-        b = dtype_bytes(self.dtype)
-        w = super()._work(dict(block_M=c["block_N"], block_N=c["block_K"], thread_num=c["thread_num"]))
-        # x is read once per step by every CTA; it stays in L2, so it costs latency, not DRAM bytes.
-        return _Work(w.ctas, w.bytes_total + self.rows * (self.K * b + self.M * dtype_bytes(self.out_dtype)),
-                     w.bytes_per_step + self.rows * c["block_K"] * b, w.steps)
+    def _tie_key(self, c: dict[str, Any]) -> tuple:
+        return (c.get("path", "simt"),) + tuple(c.get(k, GEMV_OPTIONAL.get(k)) for k in self.keys if k != "path")
+
+    def _predict(self, c: dict[str, Any], errors: tuple[str, ...] = ()) -> KernelPrediction:
+        arch = self._need_arch()
+        const = self.constants or gemv_constants_for(arch)
+        full = {**GEMV_OPTIONAL, **c}
+        t = gemv_time(arch, const, self.rows, self.M, self.K, dtype_bytes(self.dtype), dtype_bytes(self.out_dtype),
+                      full["path"], full["block_N"], full["block_K"], full["thread_num"], full["num_stages"],
+                      full["split_k"])
+        if not (math.isfinite(t.total_us) and t.total_us > 0):
+            raise RuntimeError(f"carver bug: the model predicted {t.total_us} us for {self!r} with {c}; "
+                               f"please report it")
+        terms = {"memory": t.memory_us, "latency": t.chain_us, "compute": t.compute_us}
+        bound = max(terms, key=terms.__getitem__)
+        return KernelPrediction(config=dict(c), latency_ms=t.total_us / 1e3, memory_ms=t.memory_us / 1e3,
+                                latency_chain_ms=t.chain_us / 1e3, waves=t.waves, ctas=t.ctas, bound=bound,
+                                errors=errors)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
 from carver.arch import CUDA
-from carver.templates import GEMVTemplate
 from templates import gemv
 from templates.gemv import GEMV, GemvConfig, GemvProblem
 from templates.protocol import Template, TuneOptions
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gemv-2026-11-21-h200"
 
 
 # -------------------------------------------------------------------------------- offline logic
@@ -36,7 +38,9 @@ def test_config_is_validated_and_round_trips():
     with pytest.raises(ValueError, match="vec must be 0"):
         GemvConfig(block_N=4, block_K=1024, thread_num=128, vec=3)
     with pytest.raises(ValueError, match="unknown config key"):
-        GemvConfig.from_dict({"block_N": 4, "block_K": 1024, "thread_num": 128, "num_stages": 2})
+        GemvConfig.from_dict({"block_N": 4, "block_K": 1024, "thread_num": 128, "stages": 2})
+    with pytest.raises(ValueError, match="path must be one of"):
+        GemvConfig(block_N=4, block_K=1024, thread_num=128, path="wgmma")
     p = GemvProblem(1, 1000, 4100)  # K = 4100: 8-byte vectors at most in fp16
     assert gemv.resolved_vec(p, c) == 4
     (why,) = GEMV.check(p, GemvConfig(block_N=4, block_K=1024, thread_num=128, vec=8))
@@ -53,12 +57,13 @@ def test_config_is_validated_and_round_trips():
 def test_space_is_legal_and_is_what_the_carver_ranks(shape):
     p = GemvProblem(*shape)
     space = GEMV.space(p)
-    assert 50 <= len(space) <= 300 and len(set(space)) == len(space)
+    assert 80 <= len(space) <= 120 and len(set(space)) == len(space)  # the GPU grid measures all of them
+    assert {c.path for c in space} == {"simt", "mma"} and sum(c.path == "simt" for c in space) == 72
     assert all(GEMV.check(p, c) == [] and GEMV.check(p, c, CUDA("H100")) == [] for c in space)
     tmpl = gemv.carver_template(p, "H100")
-    grid = [{k: getattr(c, k) for k in GEMVTemplate.keys} for c in space]
+    grid = [c.carver_dict() for c in space]
     assert sorted(map(str, tmpl.rank(grid).configs)) == sorted(map(str, grid))  # nothing dropped
-    assert [h.to_config() for h in tmpl.recommend_hints(72)] == tmpl.rank(grid).configs
+    assert [h.to_config() for h in tmpl.recommend_hints(len(space))] == tmpl.rank(grid).configs
 
 
 @pytest.mark.parametrize("arch", ["H100", "H200", "A100-80GB"])
@@ -70,9 +75,50 @@ def test_candidates_are_ranked_top_k_and_quick(arch):
     print(f"gemv candidates {arch}: {ms:.1f} ms")  # the benchmark reports time; the issue's bound is 50 ms
     assert len(top) == len(set(top)) == 8 and all(c in GEMV.space(p) for c in top)
     assert top[0] == GemvConfig(**gemv.carver_template(p, arch).recommend_hints(1)[0].to_config())
-    assert max(sum(c.block_N == b for c in top) for b in {c.block_N for c in top}) <= 2
+    assert max(sum((c.path, c.block_N) == pb for c in top) for pb in {(c.path, c.block_N) for c in top}) <= 2
+    assert sum(c.path == "mma" for c in top) >= 2 and sum(c.path == "simt" for c in top) >= 2  # both measured
     with pytest.raises(ValueError, match="pass arch"):
         GEMV.candidates(p, None, 8)
+
+
+def test_mma_path_is_checked_by_the_matmul_rules():
+    p = GemvProblem(4, 999, 4097)
+    mma = dict(path="mma", block_N=32, block_K=128, thread_num=128, num_stages=2)
+    assert GEMV.check(p, GemvConfig(**mma)) == [] and GEMV.check(p, GemvConfig(**mma), CUDA("A100-80GB")) == []
+    (why,) = GEMV.check(p, GemvConfig(**{**mma, "block_N": 24}), CUDA("H100"))
+    assert "no warp partition for block 16x24" in why  # 4 warps need 8 columns each
+    (why,) = GEMV.check(p, GemvConfig(**{**mma, "block_N": 128, "block_K": 512, "num_stages": 4}), CUDA("H100"))
+    assert "shared memory" in why and "num_stages <= " in why
+    assert any("split_k=80" in w for w in GEMV.check(p, GemvConfig(**mma, split_k=80)))
+    (why,) = GEMV.check(p, GemvConfig(**mma, vec=4))
+    assert "vec is a key of the simt path" in why
+    (why,) = GEMV.check(p, GemvConfig(block_N=4, block_K=1024, thread_num=128, num_stages=2))
+    assert "keys of the mma path" in why and "path='mma'" in why
+    assert GemvConfig(**mma).carver_dict() == {**mma, "split_k": 1}
+    assert GemvConfig.from_dict(GemvConfig(**mma).to_dict()) == GemvConfig(**mma)
+
+
+def test_model_sees_simt_issue_bound_and_mma_memory_bound():
+    """The fitted model: the SIMT kernel's time grows with rows of x (issue), the mma path's barely."""
+    def best(M, path):
+        tmpl = gemv.carver_template(GemvProblem(M, 4096, 4096), "H200")
+        return next(h.prediction for h in tmpl.recommend_hints(200) if h.to_config().get("path", "simt") == path)
+
+    assert best(16, "simt").latency_ms > 1.8 * best(1, "simt").latency_ms and best(16, "simt").bound == "compute"
+    assert best(16, "mma").latency_ms < 1.1 * best(1, "mma").latency_ms
+    assert best(16, "mma").latency_ms < best(16, "simt").latency_ms
+
+
+def test_fitted_constants_rank_the_calibration_grids():
+    """carver/gemv_model.py's constants against the grids they were fitted on (docs/gemv.md)."""
+    pytest.importorskip("scipy")
+    from carver.calibrate_gemv import load_grids, score
+    from carver.gemv_model import gemv_constants_for
+
+    grids = load_grids(str(DATA / "grid"), CUDA("H200"))
+    scores = [score(g, gemv_constants_for(CUDA("H200"))) for g in grids]
+    assert len(scores) == 4 and min(s["top8"] for s in scores) >= 0.96
+    assert sum(s["spearman"] for s in scores) / 4 > 0.6  # 0.17 with the uncalibrated model before the fit
 
 
 def test_template_protocol_and_no_gpu_path():
@@ -97,6 +143,9 @@ def test_template_protocol_and_no_gpu_path():
 def test_compiles_for_sm90a(M, N, K, dtype, config):
     k = gemv.compile(M, N, K, config, dtype=dtype, target="sm_90a")
     src = k.get_kernel_source()
+    if "mma_sync" in src:  # the carver's top-1 may be the tensor-core path (tested below)
+        assert config is None
+        return
     vec_bits = 16 * gemv.resolved_vec(GemvProblem(M, N, K, dtype), GemvConfig.from_dict(config or {
         "block_N": 1, "block_K": 8, "thread_num": 32}))
     if vec_bits == 128:
@@ -104,21 +153,51 @@ def test_compiles_for_sm90a(M, N, K, dtype, config):
     assert "__shfl_xor_sync" in src or "block_N" in str(config) and config["thread_num"] == config["block_N"]
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("M,N,K,split,copy", [(4, 999, 4097, 1, "cp_async"), (16, 1000, 4104, 2, "tma_load")])
+def test_mma_path_compiles_for_sm90a(M, N, K, split, copy):
+    """Odd N and K: tensor cores (mma.sync), a pipelined copy (cp.async when rows are not 16-byte
+    aligned, else TMA), guards on the tails, and split-K's second kernel."""
+    cfg = dict(path="mma", block_N=32, block_K=128, thread_num=128, num_stages=2, split_k=split)
+    src = gemv.compile(M, N, K, cfg, target="sm_90a").get_kernel_source()
+    assert "mma_sync" in src and "ldmatrix" in src and copy in src
+    assert f"< {N}" in src or f"< {N // 8}" in src or f"< {-(-N // 8)}" in src  # rows of W past N
+    assert ("main_kernel_1" in src) == (split > 1)  # the fp32 partials' sum, no atomics
+    assert "atomic" not in src.lower()
+
+
 # -------------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 1000, 4100, "float16"), (3, 1000, 4100, "bfloat16"),
-                                         (16, 1000, 4100, "float16"), (16, 4096, 4097, "bfloat16")])
+                                         (4, 999, 4097, "float16"), (16, 1000, 4104, "bfloat16"),
+                                         (16, 32000, 14337, "float16")])
 def test_runs_and_matches_the_fp32_product(M, N, K, dtype):
+    """Both paths on odd N and K: the carver's top-4, SIMT configs across the grid, mma ones (split-K too)."""
     import torch
 
     p = GemvProblem(M, N, K, dtype)
     x = torch.randn(M, K, device="cuda").to(getattr(torch, dtype))
     W = (torch.randn(N, K, device="cuda") / K ** 0.5).to(getattr(torch, dtype))
     ref = gemv.ref_program(x, W).float()
-    for cfg in GEMV.candidates(p, CUDA("cuda"), 4) + GEMV.space(p)[::17]:
+    simt = [c for c in GEMV.space(p) if c.path == "simt"]
+    mma = [c for c in GEMV.space(p) if c.path == "mma"]
+    assert len(simt) == 72 and any(c.split_k > 1 for c in mma[::11])
+    for cfg in GEMV.candidates(p, CUDA("cuda"), 4) + simt[::23] + mma[::11]:
         y = GEMV.compile(p, cfg)(x, W)
         bad = int((~torch.isclose(y.float(), ref, atol=1e-2, rtol=1e-2)).sum())
         assert bad == 0, (cfg, bad)
+
+
+@pytest.mark.gpu
+def test_tune_end_to_end_measures_both_paths():
+    import torch
+
+    tuner = gemv.tuner(16, 1000, 4104, topk=8)
+    assert {GemvConfig.from_dict(c).path for c in tuner.configs} == {"simt", "mma"}
+    k = gemv.tune(16, 1000, 4104, topk=8, rep=5)
+    x = torch.randn(16, 4104, device="cuda").half()
+    W = torch.randn(1000, 4104, device="cuda").half() / 64
+    assert torch.allclose(k(x, W).float(), gemv.ref_program(x, W).float(), atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu

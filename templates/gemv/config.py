@@ -1,5 +1,6 @@
 """The GEMV family's types: its problem (:class:`GemvProblem`, ``y = x @ W.T`` for 1 to 16 rows of x) and
-its config (:class:`GemvConfig`, the carver's three GEMV keys plus the vector width).
+its config (:class:`GemvConfig`: which program, ``path``, and its keys, the carver's GEMV keys plus the
+SIMT path's vector width).
 
 The rules are the carver's (``carver.problem`` for shapes and bytes, ``carver.templates.GEMVTemplate``
 for configs), so the carver never ranks what this kernel refuses.
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from carver.problem import canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, shape_dim
-from carver.templates import GEMV_MAX_M, gemv_vec
+from carver.templates import GEMV_MAX_M, GEMV_PATHS, gemv_vec
 from templates.protocol import TemplateConfig
 
 __all__ = ["IN_DTYPES", "OUT_DTYPES", "GemvConfig", "GemvProblem", "check_dtype", "make_problem", "resolved_vec",
@@ -84,22 +85,38 @@ def make_problem(M: object, N: object, K: object, dtype: object = "float16", out
 
 @dataclass(frozen=True, kw_only=True)
 class GemvConfig(TemplateConfig):
-    """One GEMV kernel: ``block_N`` rows of W per CTA, ``thread_num`` threads (``thread_num / block_N``
-    of them reduce one row, a power of two up to 32), ``block_K`` elements of each row per step (each
-    thread loads ``unroll = block_K / (thread_num / block_N * vec)`` vectors before it uses any: the
-    loads in flight, the knob that stands for pipeline stages here). ``vec`` is the vector width in
-    elements; 0 picks the widest load K allows (16 bytes when K is a multiple of 8 in fp16)."""
+    """One GEMV kernel, by one of two programs (``path``).
+
+    ``"simt"`` (the default): ``block_N`` rows of W per CTA, ``thread_num`` threads (``thread_num /
+    block_N`` of them reduce one row, a power of two up to 32), ``block_K`` elements of each row per step
+    (each thread loads ``unroll = block_K / (thread_num / block_N * vec)`` vectors before it uses any: the
+    loads in flight). ``vec`` is the vector width in elements; 0 picks the widest load K allows.
+
+    ``"mma"``: tensor cores. x padded to 16 rows (zero-filled, never loaded or stored past M), W in
+    ``block_N x block_K`` tiles through a ``num_stages`` pipeline into shared memory, ``T.gemm`` into a
+    ``16 x block_N`` fp32 accumulator over ``thread_num`` threads; ``split_k`` CTAs share a tile's K and a
+    second kernel sums their fp32 partials (no atomics). ``vec`` is the SIMT path's and stays 0.
+    """
 
     block_N: int
     block_K: int
     thread_num: int
     vec: int = 0
+    path: str = "simt"
+    num_stages: int = 0
+    split_k: int = 1
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in values.items():
-            lo = 0 if k == "vec" else 1
+            if k == "path":
+                if v not in GEMV_PATHS:
+                    raise ValueError(f"path must be one of {list(GEMV_PATHS)}, got {v!r}; use 'simt' (CUDA cores) "
+                                     f"or 'mma' (tensor cores)")
+                out[k] = v
+                continue
+            lo = 0 if k in ("vec", "num_stages") else 1
             fix = "0 (the widest K allows), 1, 2, 4 or 8" if k == "vec" else "a positive int"
             out[k] = int_in_range(v, k, lo, 1024 if k in ("thread_num", "block_N") else 2**31 - 1, fix=f"use {fix}")
         if out.get("vec", 0) not in (0, 1, 2, 4, 8):
@@ -109,6 +126,16 @@ class GemvConfig(TemplateConfig):
     @property
     def reduce_threads(self) -> int:
         return self.thread_num // self.block_N
+
+    def carver_dict(self) -> dict[str, Any]:
+        """The carver's form (``carver.templates.GEMVTemplate``): three keys for SIMT, six for mma (a SIMT
+        config that sets an mma key keeps it, so the carver's rules name it)."""
+        out = {"path": "mma"} if self.path == "mma" else {}
+        out |= {k: getattr(self, k) for k in ("block_N", "block_K", "thread_num")}
+        for k in ("num_stages", "split_k"):
+            if self.path == "mma" or getattr(self, k) != type(self).defaults()[k]:
+                out[k] = getattr(self, k)
+        return out
 
 
 def resolved_vec(problem: GemvProblem, config: GemvConfig) -> int:

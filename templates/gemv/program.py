@@ -14,6 +14,12 @@ guards each vector (``K % vec == 0`` is a rule, so a vector is wholly in or out 
 This is the "vectorized, tvm-style split-K" GEMV of TileLang's ``examples/gemv/example_gemv.py``, with
 the reduction threads on ``threadIdx.x`` (coalesced rows, warp-shuffle reduction), several rows of x,
 and loads batched per step.
+
+``path="mma"`` is the tensor-core program: ``templates.matmul``'s, with a 16-row tile of x
+(``block_M = 16``, one m16n8k16 row slab) and ``trans_B`` (W is (N, K)). Its pipelined loop streams
+``block_N x block_K`` tiles of W into shared memory (TMA with a producer warpgroup on Hopper when rows
+are 16-byte aligned, else predicated cp.async), rows of x past M are zero-filled and never loaded, y is
+stored only inside (M, N), and ``split_k > 1`` sums fp32 partials in a second kernel (no atomics).
 """
 
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations.
@@ -30,6 +36,8 @@ __all__ = ["kernel", "program"]
 def program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
     """Build the GEMV ``T.prim_func`` for one config (nothing is compiled here). The config must pass
     ``templates.gemv.space.check`` (the carver's GEMV rules); the template checks before calling."""
+    if config.path == "mma":
+        return _mma_program(problem, config)
     import tilelang.language as T
 
     M, N, K = problem.M, problem.N, problem.K
@@ -83,13 +91,28 @@ def program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
     return main
 
 
+def _mma_program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
+    """The tensor-core path: the matmul family's program for ``x @ W.T`` with a 16-row tile of x."""
+    from carver.problem import MatmulProblem
+    from carver.templates import GEMV_MMA_ROWS
+    from templates.matmul.config import MatmulConfig
+    from templates.matmul.program import program as matmul_program
+
+    mm = MatmulProblem(problem.M, problem.N, problem.K, problem.dtype, problem.out_dtype, trans_B=True)
+    return matmul_program(mm, MatmulConfig(
+        block_M=GEMV_MMA_ROWS, block_N=config.block_N, block_K=config.block_K, num_stages=config.num_stages,
+        thread_num=config.thread_num, enable_rasterization=False, split_k=config.split_k))
+
+
 def kernel(M: int, N: int, K: int, block_N: int, block_K: int, thread_num: int, vec: int = 0,
-           dtype: str = "float16", out_dtype: str | None = None) -> "PrimFunc":
+           dtype: str = "float16", out_dtype: str | None = None, path: str = "simt", num_stages: int = 0,
+           split_k: int = 1) -> "PrimFunc":
     """:func:`program` with loose arguments (the kernel function with reserved parameters), checked by
     the carver's GEMV rules first."""
     from .space import require
 
     problem = make_problem(M, N, K, dtype, out_dtype)
-    config = GemvConfig(block_N=block_N, block_K=block_K, thread_num=thread_num, vec=vec)
+    config = GemvConfig(block_N=block_N, block_K=block_K, thread_num=thread_num, vec=vec, path=path,
+                        num_stages=num_stages, split_k=split_k)
     require(problem, config)
     return program(problem, config)

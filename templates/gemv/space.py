@@ -1,8 +1,9 @@
 """The GEMV family's configs: the exhaustive grid, the carver's ranked candidates, the validity check.
 
 All three come from the carver's GEMV model (``carver.templates.GEMVTemplate``), which takes the same
-keys and rules as this kernel (STYLE.md 4): the grid is ``carver.templates.gemv_space``, the check is
-the model's ``validate``, and the candidates are its ranking of that grid.
+keys and rules as this kernel's two programs (STYLE.md 4; the mma path's are the matmul rules): the
+grid is ``carver.templates.gemv_space``, the check is the model's ``validate``, and the candidates are
+its ranking of that grid.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ if TYPE_CHECKING:
 
 __all__ = ["candidates", "carver_template", "check", "require", "space"]
 
-#: Rules no NVIDIA GPU escapes (warps of 32, at most 1024 threads) are checked against this one when no
-#: arch is named; the kernel uses no shared memory, so nothing else in the rules depends on the GPU.
+#: The rules are checked against this GPU when no arch is named: warps of 32, at most 1024 threads, and
+#: for the mma path shared memory (H100's 227 KB per block, the most any GPU gives; others are stricter).
 _STAND_IN = "H100"
-#: At most this many of the top-k share a block_N: the model is not calibrated on GEMV measurements
-#: yet, so the top-k hedges over the rows-per-CTA choice rather than trusting one.
+#: At most this many of the top-k share a path and block_N: the model hedges over the rows-per-CTA
+#: choice rather than trusting one.
 _PER_BLOCK_N = 2
+#: At least topk // this of the top-k come from each path (half) while the mma path's constants are the GEMM
+#: calibration's (no GEMV grid of that path measured yet): the measurement decides between them.
+_PATH_SHARE = 2
 
 
 def carver_template(problem: GemvProblem, arch: Any = "cuda", vec: int = 0) -> GEMVTemplate:
@@ -38,17 +42,21 @@ def carver_template(problem: GemvProblem, arch: Any = "cuda", vec: int = 0) -> G
 
 
 def space(problem: GemvProblem) -> list[GemvConfig]:
-    """The exhaustive grid (72 configs: rows per CTA x threads per row x loads in flight), widest vectors."""
+    """The exhaustive grid, widest vectors: 72 SIMT configs (rows per CTA x threads per row x loads in
+    flight), then up to 40 mma configs (block_N x block_K x stages x split, those shared memory holds)."""
     return [GemvConfig(**c) for c in gemv_space(problem.K, problem.dtype)]
 
 
 def check(problem: GemvProblem, config: GemvConfig, arch: GPUArch | None = None) -> list[str]:
     """Why ``config`` cannot run for ``problem`` (empty: legal): the carver's GEMV rules, on ``arch``."""
+    if config.path == "mma" and config.vec:
+        return [f"vec is a key of the simt path, got vec={config.vec} with path='mma' (its loads are whole tiles); "
+                f"leave vec out"]
     try:
         tmpl = carver_template(problem, arch if arch is not None else _STAND_IN, vec=config.vec)
     except ValueError as e:  # a vec this K cannot load
         return [str(e)]
-    return tmpl.validate({k: getattr(config, k) for k in GEMVTemplate.keys})
+    return tmpl.validate(config.carver_dict())
 
 
 def require(problem: GemvProblem, config: GemvConfig) -> None:
@@ -58,18 +66,23 @@ def require(problem: GemvProblem, config: GemvConfig) -> None:
 
 
 def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: bool = True) -> list[GemvConfig]:
-    """The carver's ranking of :func:`space` for ``arch``, best first, at most two per ``block_N`` until
-    the grid runs out of others (the first is the model's top-1). ``variants``: none for this family."""
+    """The carver's ranking of :func:`space` for ``arch``, best first: the model's top-1 first, at most
+    two per path and ``block_N``, and at least ``topk // 2`` of each path, until the grid runs out of
+    others. ``variants``: none for this family."""
     if arch is None:
         raise ValueError("the gemv template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
-    grid = [{k: getattr(c, k) for k in GEMVTemplate.keys} for c in space(problem)]
+    grid = [c.carver_dict() for c in space(problem)]
     ranked = [GemvConfig(**c) for c in carver_template(problem, arch).rank(grid).configs]
+    share = {p: min(topk // _PATH_SHARE, sum(c.path == p for c in ranked)) for p in ("simt", "mma")}
     picked: list[GemvConfig] = []
-    seen: dict[int, int] = {}
+    seen: dict[tuple[str, int], int] = {}
     for c in ranked:
-        if seen.get(c.block_N, 0) < _PER_BLOCK_N:
-            picked.append(c)
-            seen[c.block_N] = seen.get(c.block_N, 0) + 1
         if len(picked) == topk:
-            return picked
-    return picked + [c for c in ranked if c not in picked][: topk - len(picked)]
+            break
+        other = "mma" if c.path == "simt" else "simt"
+        room = topk - len(picked) - max(0, share[other] - sum(p.path == other for p in picked))
+        if seen.get((c.path, c.block_N), 0) < _PER_BLOCK_N and room > 0:
+            picked.append(c)
+            seen[(c.path, c.block_N)] = seen.get((c.path, c.block_N), 0) + 1
+    rest = [c for c in ranked if c not in picked]
+    return picked + rest[: topk - len(picked)]
