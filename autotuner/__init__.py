@@ -6,6 +6,9 @@
 ...           .run(warmup=3, rep=20))
 >>> out = result.kernel(a, b)
 
+TileLang's decorator form works too (``@autotune(configs=...)`` over ``@tilelang.jit(out_idx=...)``;
+docs/dropin.md).
+
 Heavy modules (tilelang, torch) are imported only when a run needs them.
 """
 
@@ -13,9 +16,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .config import DuplicateConfigWarning
+from .decorator import AutoTuneImpl, autotune
 from .errors import TuningCacheError, TuningError, TuningInputError
 from .trial import STATUSES, Status, Trial
 from .tuner import AutoTuner, TunedKernel, TuneResult
 
-__all__ = ["STATUSES", "AutoTuner", "Status", "Trial", "TuneResult", "TunedKernel", "TuningCacheError", "TuningError",
-           "TuningInputError", "__version__"]
+__all__ = ["STATUSES", "AutoTuneImpl", "AutoTuner", "DuplicateConfigWarning", "Status", "Trial", "TuneResult",
+           "TunedKernel", "TuningCacheError", "TuningError", "TuningInputError", "__version__", "autotune"]

@@ -14,8 +14,8 @@ from typing import Any
 
 from .errors import TuningInputError
 
-__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "parse_supply_type", "poison_", "run_reference",
-           "same_bits", "torch_dtype"]
+__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "manual_check", "parse_supply_type", "poison_",
+           "run_reference", "same_bits", "supplied_inputs", "torch_dtype"]
 
 
 class SupplyType(enum.Enum):
@@ -119,6 +119,52 @@ def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, dev
         else:
             args.append(_fill(shape, dtype, supply, device, gen))
     return args
+
+
+def supplied_inputs(supply_prog: Callable[..., Any], params: Sequence[Any], device: str) -> list[Any]:
+    """The inputs a user's ``supply_prog`` makes, as TileLang calls it: with the kernel's input
+    parameters (``KernelParam``: ``.shape``, ``.dtype``), returning one tensor per input, in order.
+
+    What it returns must match the kernel: anything else is a :class:`TuningInputError` naming the
+    input, raised once, before any candidate is judged on it.
+    """
+    import torch
+
+    name = getattr(supply_prog, "__qualname__", None) or repr(supply_prog)
+    try:
+        got = supply_prog(list(params))
+    except Exception as e:  # noqa: BLE001 - the user's supply program: re-raised as what it is
+        raise TuningInputError(f"supply_prog {name} raised {type(e).__name__}: {e}") from e
+    got = list(got) if isinstance(got, (list, tuple)) else [got]
+    if len(got) != len(params):
+        raise TuningInputError(f"supply_prog {name} returned {len(got)} tensors, the kernel has {len(params)} "
+                               "inputs (every argument but the outputs at out_idx); return one per input, in order")
+    for j, (t, p) in enumerate(zip(got, params)):
+        want_shape, want_dtype = tuple(_concrete_shape(p.shape, j)), torch_dtype(p.dtype)
+        if not isinstance(t, torch.Tensor):
+            raise TuningInputError(f"supply_prog {name} returned a {type(t).__name__} for input {j}; return tensors")
+        if tuple(t.shape) != want_shape or t.dtype != want_dtype or t.device.type != device:
+            raise TuningInputError(f"supply_prog {name} returned input {j} as {tuple(t.shape)} {t.dtype} on "
+                                   f"{t.device.type}; the kernel takes {want_shape} {want_dtype} on {device}")
+    return got
+
+
+def manual_check(manual_check_prog: Callable[..., Any], outputs: list[Any], refs: list[Any]) -> str | None:
+    """TileLang's ``manual_check_prog(outputs, refs)``: it raises (an ``assert``) or returns ``False``
+    when the outputs are wrong. ``None`` when they pass, else why not. An element the kernel never
+    wrote (still NaN where the reference is not) fails before the user's check is asked."""
+    import torch
+
+    for j, (o, r) in enumerate(zip(outputs, refs)):
+        if o.is_floating_point() and isinstance(r, torch.Tensor) and tuple(r.shape) == tuple(o.shape):
+            unwritten = torch.isnan(o) & ~torch.isnan(r.to(o.device))
+            if bool(unwritten.any()):
+                return f"output {j}: {int(unwritten.sum())} elements still hold NaN poison (never written)"
+    try:
+        verdict = manual_check_prog(outputs, refs)
+    except Exception as e:  # noqa: BLE001 - the user's check failing is the verdict
+        return f"manual_check_prog rejected the outputs: {type(e).__name__}: {e}"
+    return "manual_check_prog returned False" if verdict is False else None
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "config_label", "config_to_json", "normalize_configs",
-           "split_config"]
+__all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "DuplicateConfigWarning", "config_label", "config_to_json",
+           "normalize_configs", "split_config"]
 
 #: Parameters a TileLang kernel conventionally exposes for tuning.
 RESERVED_PARAMS = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
@@ -71,7 +72,10 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
     """Return ``configs`` as a list of plain dicts, or raise ``ValueError``/``TypeError`` naming the culprit.
 
     Rejected up front: a non-list or empty list, a non-dict entry, a key the kernel does not accept,
-    a value that cannot be stored in the tuning database (it must be a JSON scalar), and duplicates.
+    and a value that cannot be stored in the tuning database (it must be a JSON scalar). Duplicates
+    (equal after normalisation, e.g. the rasterization twins of carver hints once a TileLang-style
+    loop maps both to one flag) are dropped, keeping the first, with one :class:`DuplicateConfigWarning`
+    saying how many went, as TileLang's AutoTuner accepts them.
     """
     if isinstance(configs, (str, bytes, Mapping)) or not isinstance(configs, Iterable):
         raise TypeError(
@@ -84,6 +88,7 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
     accepted = _accepted_params(kernel)
     out: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
+    dropped: list[tuple[int, int]] = []  # (index dropped, index it repeats)
     for i, cfg in enumerate(configs):
         if not isinstance(cfg, Mapping):
             raise TypeError(f"configs[{i}] must be a dict of kernel keyword arguments, got {cfg!r}")
@@ -107,10 +112,20 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
                 )
         label = config_to_json(cfg)
         if label in seen:
-            raise ValueError(f"configs[{i}] duplicates configs[{seen[label]}]: {cfg!r}; remove one")
+            dropped.append((i, seen[label]))
+            continue
         seen[label] = i
         out.append(cfg)
+    if dropped:
+        pairs = ", ".join(f"configs[{i}] = configs[{j}]" for i, j in dropped[:3])
+        pairs += ", ..." if len(dropped) > 3 else ""
+        warnings.warn(f"dropped {len(dropped)} duplicate config{'s' if len(dropped) > 1 else ''} of {len(configs)} "
+                      f"({pairs}); tuning the {len(out)} distinct ones", DuplicateConfigWarning, stacklevel=4)
     return out
+
+
+class DuplicateConfigWarning(UserWarning):
+    """Some configs were equal to earlier ones and were dropped (one warning per config list)."""
 
 
 def config_to_json(config: Mapping[str, Any]) -> str:

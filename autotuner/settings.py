@@ -152,6 +152,8 @@ class CheckSettings:
     max_mismatched_ratio: float = 0.0
     reset_to_zero: tuple[int | str, ...] = ()
     restore_value: tuple[int | str, ...] = ()
+    supply_prog: Callable[..., Any] | None = None  # TileLang's: input params -> input tensors
+    manual_check_prog: Callable[..., Any] | None = None  # TileLang's: (outputs, refs) -> raises if wrong
 
     def __post_init__(self) -> None:
         from .check import parse_supply_type
@@ -160,8 +162,13 @@ class CheckSettings:
         out = check_out_idx(self.out_idx)
         object.__setattr__(self, "out_idx", tuple(out) if out is not None else None)
         object.__setattr__(self, "supply_type", parse_supply_type(self.supply_type))
-        if self.ref_prog is not None and not callable(self.ref_prog):
-            raise TypeError(f"ref_prog must be callable, got {self.ref_prog!r}")
+        for name in ("ref_prog", "supply_prog", "manual_check_prog"):
+            v = getattr(self, name)
+            if v is not None and not callable(v):
+                raise TypeError(f"{name} must be callable, got {v!r}")
+        if self.manual_check_prog is not None and self.ref_prog is None:
+            raise ValueError("manual_check_prog compares the kernel's outputs with ref_prog's, and no ref_prog is "
+                             "set; pass ref_prog too (or drop manual_check_prog)")
         for name in ("reset_to_zero", "restore_value"):
             object.__setattr__(self, name, _arg_names(name, getattr(self, name)))
 

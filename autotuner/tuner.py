@@ -103,6 +103,14 @@ class TunedKernel:
         self.jit_kernel(*full)
         return outs[0] if len(outs) == 1 else outs
 
+    def get_profiler(self, tensor_supply_type: Any = None) -> Any:
+        """TileLang's ``JITKernel.get_profiler`` for this kernel as it is called: the profiler's result
+        index is ``out_idx``, so ``do_bench()``, ``do_bench(ref_program)`` and
+        ``assert_allclose(ref_program)`` pass the inputs only, as with a kernel compiled with ``out_idx``."""
+        from .profiler import TunedProfiler
+
+        return TunedProfiler.of(self, tensor_supply_type)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.jit_kernel, name)
 
@@ -221,7 +229,8 @@ class AutoTuner:
                          atol: float = 1e-2, rtol: float = 1e-2, max_mismatched_ratio: float = 0.0,
                          compile_timeout: float = 300.0, pass_configs: dict[str, Any] | None = None,
                          reset_to_zero: Iterable[int | str] | None = None,
-                         restore_value: Iterable[int | str] | None = None) -> AutoTuner:
+                         restore_value: Iterable[int | str] | None = None, execution_backend: str | None = None,
+                         target_host: Any = None, verbose: bool | None = None) -> AutoTuner:
         """Set how candidates are compiled and checked. Every argument is used:
 
         * ``out_idx``: indices of the output buffers (negative from the end), as in TileLang. An
@@ -244,10 +253,24 @@ class AutoTuner:
           that accumulate into an output (atomics) or update an argument in place. Every other
           argument that is not an output must come back from each call bit for bit unchanged: a
           candidate that writes to one is a ``mismatch`` naming it.
+        * TileLang's ``execution_backend`` (``"auto"`` or ``None`` only), ``target_host`` (``None``
+          only) and ``verbose`` (no effect) are accepted so that TileLang code runs unchanged.
+
+        A ``ref_prog``, ``supply_type``, ``supply_prog`` or ``manual_check_prog`` set before by
+        :meth:`set_profile_args` is kept unless given here, so the two setters may come in either order.
         """
-        self.check_settings = CheckSettings(out_idx, supply_type, ref_prog, skip_check, atol, rtol,
-                                            max_mismatched_ratio, reset_to_zero, restore_value)
-        self.compile_settings = CompileSettings(target, compile_timeout, pass_configs)
+        if execution_backend not in (None, "auto") or target_host is not None:
+            raise NotImplementedError(f"execution_backend={execution_backend!r}, target_host={target_host!r}: "
+                                      "tilecarve compiles with TileLang's default backend for the target; "
+                                      "leave both unset")
+        if verbose is not None:
+            check_setting("skip_check", verbose)  # a bool, like every flag
+        c = self.check_settings
+        self.check_settings = CheckSettings(out_idx, supply_type if supply_type is not None else c.supply_type,
+                                            ref_prog if ref_prog is not None else c.ref_prog, skip_check, atol, rtol,
+                                            max_mismatched_ratio, reset_to_zero, restore_value, c.supply_prog,
+                                            c.manual_check_prog)
+        self.compile_settings = CompileSettings("auto" if target is None else target, compile_timeout, pass_configs)
         return self
 
     def set_profile_args(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
@@ -256,14 +279,19 @@ class AutoTuner:
                          max_mismatched_ratio: float = 0.0, skip_check: bool = False,
                          manual_check_prog: Callable[..., Any] | None = None,
                          cache_input_tensors: bool = False, backend: str = "event") -> AutoTuner:
-        """TileLang's newer signature. ``warmup``/``rep`` (counts) become :meth:`run`'s defaults,
+        """TileLang's signature. ``warmup``/``rep`` (counts) become :meth:`run`'s defaults,
         ``timeout`` becomes ``compile_timeout``; the check arguments mean what they mean in
         :meth:`set_compile_args`; ``backend`` is the timing backend, ``"event"`` or ``"cudagraph"``.
-        ``supply_prog`` and ``manual_check_prog`` are not supported and are rejected rather than ignored.
+
+        * ``supply_prog(params)``, as in TileLang, gets the kernel's input parameters (``KernelParam``,
+          every argument but the outputs) and returns one tensor per input; those inputs replace the
+          generated ones (``supply_type`` is then unused). They are still copied aside, so every
+          candidate sees them pristine, and one that writes to them is a ``mismatch``.
+        * ``manual_check_prog(outputs, refs)``, as in TileLang, replaces the element-wise comparison:
+          it raises (or returns ``False``) when a candidate's outputs, compared with ``ref_prog``'s on
+          the same inputs, are wrong. It runs for every candidate, after the check for unwritten
+          (NaN-poisoned) outputs, and needs a ``ref_prog``.
         """
-        for name, v in (("supply_prog", supply_prog), ("manual_check_prog", manual_check_prog)):
-            if v is not None:
-                raise NotImplementedError(f"{name} is not supported by tilecarve's AutoTuner; use ref_prog")
         if backend not in TIMING_BACKENDS:
             raise ValueError(f"backend={backend!r}: tilecarve times with {list(TIMING_BACKENDS)}")
         warmup, rep = check_setting("warmup", warmup), check_setting("rep", rep)
@@ -271,7 +299,8 @@ class AutoTuner:
         c = self.check_settings
         self.check_settings = replace(c, supply_type=supply_type, skip_check=skip_check, atol=atol, rtol=rtol,
                                       max_mismatched_ratio=max_mismatched_ratio,
-                                      ref_prog=ref_prog if ref_prog is not None else c.ref_prog)
+                                      ref_prog=ref_prog if ref_prog is not None else c.ref_prog,
+                                      supply_prog=supply_prog, manual_check_prog=manual_check_prog)
         if timeout is not None:
             self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))
         self.timing_settings = replace(self.timing_settings, timing_backend=backend)
@@ -320,8 +349,14 @@ class AutoTuner:
         out["validate"] = function_fingerprint(self.validate, set(), 0) if self.validate else None
         return out
 
-    def run(self, warmup: int | None = None, rep: int | None = None) -> TuneResult:
-        """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms)."""
+    def run(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
+            **tilelang_options: Any) -> TuneResult:
+        """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms);
+        ``timeout`` (TileLang's) is ``compile_timeout``. TileLang's other ``run`` options are
+        accepted and checked (:func:`_tilelang_run_options`); none of them changes the result."""
+        _tilelang_run_options(tilelang_options)
+        if timeout is not None:
+            self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))
         dw, dr = self._profile_defaults
         self.timing_settings = replace(self.timing_settings,
                                        warmup=warmup if warmup is not None else (dw if dw is not None else 3),
@@ -432,6 +467,29 @@ class AutoTuner:
         if not r:
             return []
         return [r] if isinstance(r, str) else [str(x) for x in r]
+
+
+#: TileLang's ``AutoTuner.run`` options and their types. tilecarve always overlaps compiling with
+#: measuring (``use_pipeline``), compiles one config per job in a pool (``enable_grouped_compile``,
+#: ``group_compile_size``), measures on one GPU (``benchmark_multi_gpu``, ``benchmark_devices``) and
+#: times every candidate in full (``early_stop``, ``early_stop_factor``): the same pick or a surer one.
+_TILELANG_RUN_OPTIONS = {"use_pipeline": bool, "enable_grouped_compile": bool, "group_compile_size": int,
+                         "benchmark_multi_gpu": bool, "benchmark_devices": (list, tuple, type(None)),
+                         "early_stop": bool, "early_stop_factor": (int, float)}
+
+
+def _tilelang_run_options(options: Mapping[str, Any]) -> None:
+    for name, value in options.items():
+        if name not in _TILELANG_RUN_OPTIONS:
+            raise TypeError(f"run() got an unexpected keyword argument {name!r}; it takes warmup, rep, timeout "
+                            f"and TileLang's {sorted(_TILELANG_RUN_OPTIONS)}")
+        if isinstance(value, bool) and _TILELANG_RUN_OPTIONS[name] is not bool or not isinstance(
+                value, _TILELANG_RUN_OPTIONS[name]):
+            raise TypeError(f"run({name}={value!r}): expected {_TILELANG_RUN_OPTIONS[name]}")
+    if options.get("early_stop_factor", 2.0) < 1.0:
+        raise ValueError(f"early_stop_factor must be >= 1.0, got {options['early_stop_factor']!r}")
+    if options.get("benchmark_multi_gpu"):
+        logger.info("benchmark_multi_gpu: tilecarve measures every candidate on one GPU, so timings compare")
 
 
 def _distrust(why: str) -> None:

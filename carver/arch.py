@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ARCHS",
+    "CDNA",
     "CUDA",
     "GPUArch",
     "TensorInstruction",
@@ -228,6 +229,13 @@ def CUDA(name: str | GPUArch = "cuda") -> GPUArch:  # noqa: N802 - the name Tile
         raise ValueError(f"unknown GPU {name!r}; known: {', '.join(known_names())}, or 'cuda' for the local "
                          f"device. For another GPU build a carver.arch.GPUArch(...) and pass it instead")
     return arch
+
+
+def CDNA(name: str = "hip") -> GPUArch:  # noqa: N802 - the name TileLang users import
+    """TileLang's AMD architecture, here so that ``from carver.arch import CDNA`` (TileLang's examples
+    import it next to ``CUDA``) resolves; the carver models NVIDIA GPUs only, so calling it is an error."""
+    raise NotImplementedError(f"CDNA({name!r}): tilecarve's carver models NVIDIA GPUs only (carver.arch.CUDA); "
+                              "for AMD GPUs use TileLang's own carver (tilelang.carver.arch.CDNA)")
 
 
 def _local_device(index: int) -> GPUArch:

@@ -151,6 +151,27 @@ class MatmulTemplate:
     def constants(self) -> ModelConstants:
         return self._constants or constants_for(self._need_arch())
 
+    def equivalent_function(self) -> Any:
+        """The GEMM as an unscheduled TVM ``PrimFunc`` (``C = A @ B`` in ``accum_dtype``, cast to
+        ``out_dtype``, with this problem's layouts), as TileLang's carver templates return it. Imports
+        tilelang on first use; the carver's ranking never needs it."""
+        import tilelang  # noqa: F401  (tvm is importable only after tilelang)
+        from tvm import te
+
+        p = self.problem
+        A = te.placeholder((p.K, p.M) if p.trans_A else (p.M, p.K), name="A", dtype=p.in_dtype)
+        B = te.placeholder((p.N, p.K) if p.trans_B else (p.K, p.N), name="B", dtype=p.in_dtype)
+        k = te.reduce_axis((0, p.K), name="k")
+
+        def mac(i: Any, j: Any) -> Any:
+            a = A[k, i] if p.trans_A else A[i, k]
+            b = B[j, k] if p.trans_B else B[k, j]
+            return te.sum(a.astype(p.accum_dtype) * b.astype(p.accum_dtype), axis=k)
+
+        acc = te.compute((p.M, p.N), mac, name="C_accum")
+        C = te.compute((p.M, p.N), lambda i, j: acc[i, j].astype(p.out_dtype), name="C")
+        return te.create_prim_func([A, B, C])
+
     # ------------------------------------------------------------------ validity
     def validate(self, config: Mapping[str, Any]) -> list[str]:
         """Why ``config`` cannot compile or launch here ([] when legal). Delegates to

@@ -2,6 +2,7 @@
 
     python examples/gemm/example_gemm_autotune.py 4096 4096 4096 --with_roller   # carver top-k: seconds
     python examples/gemm/example_gemm_autotune.py 4096 4096 4096                 # 288-config grid: minutes
+    python examples/gemm/example_gemm_autotune.py --m 4096 --n 4096 --k 4096 --with_roller  # TileLang's flags
 
 The flow is the one of TileLang's ``example_gemm_autotune.py``, with tilecarve's pieces: the carver
 proposes configs (``--with_roller``; otherwise the exhaustive grid), the autotuner compiles them in
@@ -22,10 +23,10 @@ from templates import matmul as mm  # noqa: E402  (after the path line above)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("M", type=int, nargs="?", default=4096)
-    ap.add_argument("N", type=int, nargs="?", default=4096)
-    ap.add_argument("K", type=int, nargs="?", default=4096)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    for dim in "MNK":  # positional, or TileLang's --m/--n/--k (4096 each when neither is given)
+        ap.add_argument(dim, type=int, nargs="?", default=None)
+        ap.add_argument(f"--{dim.lower()}", type=int, default=None, help=f"matrix dimension {dim} (default 4096)")
     ap.add_argument("--with_roller", "--with-roller", action="store_true",
                     help="tune the carver's top-k hints (plus split-K variants when the tiles fill less "
                          "than one wave, and Hopper variants on Hopper) instead of the 288-config grid")
@@ -35,7 +36,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no_trans_B", action="store_true", help="B is stored (K, N) instead of (N, K)")
     ap.add_argument("--warmup", type=int, default=3, help="warmup calls per config (a count)")
     ap.add_argument("--rep", type=int, default=20, help="timed calls per config (a count)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for dim in "MNK":
+        pos, opt = getattr(args, dim), getattr(args, dim.lower())
+        if pos is not None and opt is not None and pos != opt:
+            ap.error(f"{dim} given twice: {pos} (positional) and --{dim.lower()} {opt}; give one")
+        setattr(args, dim, pos if pos is not None else opt if opt is not None else 4096)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

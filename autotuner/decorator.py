@@ -1,0 +1,120 @@
+"""TileLang's decorator form of autotuning, on tilecarve's AutoTuner:
+
+    @autotune(configs=get_configs(), warmup=3, rep=20, ref_prog=ref_program)
+    @tilelang.jit(out_idx=[-1])
+    def matmul(M, N, K, block_M=128, block_N=128, block_K=32, num_stages=2, thread_num=128):
+        ...
+        return main                      # a T.prim_func
+
+    kernel = matmul(4096, 4096, 4096)    # tunes over the configs once per shape; the best kernel
+
+The call's arguments bind the factory (``functools.partial``) and each config fills the rest, as
+in TileLang; ``out_idx``, ``target`` and ``pass_configs`` come from ``tilelang.jit``. A call that
+already gives a tunable parameter skips tuning and compiles with TileLang's ``jit``, as TileLang
+does. Results are kept per call arguments in the process (and in the tuning database across runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .config import PASS_CONFIGS_KEY
+from .tuner import AutoTuner, TunedKernel
+
+__all__ = ["AutoTuneImpl", "autotune"]
+
+logger = logging.getLogger(__name__)
+
+
+class AutoTuneImpl:
+    """What ``@autotune(...)`` makes of a ``tilelang.jit`` kernel factory; call it with the shape arguments."""
+
+    def __init__(self, jit_impl: Any, configs: Any, profile: dict[str, Any], warmup: int, rep: int,
+                 timeout: float | None) -> None:
+        func = getattr(getattr(jit_impl, "func", None), "orig_func", None)
+        if func is None or not hasattr(jit_impl, "out_idx"):
+            raise TypeError(f"@autotune(...) must be stacked on a @tilelang.jit(out_idx=...) kernel factory, got "
+                            f"{jit_impl!r}: put @tilelang.jit(...) between @autotune(...) and the def")
+        self.jit_impl, self.factory = jit_impl, func
+        self.configs, self.profile = configs, profile
+        self.warmup, self.rep, self.timeout = warmup, rep, timeout
+        self._tuned: dict[Any, TunedKernel] = {}
+        functools.update_wrapper(self, func)
+
+    def _tunable(self, configs: list[dict[str, Any]]) -> set[str]:
+        return {k for c in configs for k in c if k != PASS_CONFIGS_KEY}
+
+    def _given(self, args: tuple, kwargs: dict[str, Any], tunable: set[str]) -> list[str]:
+        """Tunable parameters the call already fixes (positionally or by keyword)."""
+        bound = inspect.signature(self.factory).bind_partial(*args, **kwargs).arguments
+        return sorted(tunable & set(bound))
+
+    def tuner(self, *args: Any, **kwargs: Any) -> AutoTuner:
+        """The :class:`AutoTuner` one call would run (for ``set_tuning``, say), not yet run."""
+        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
+        kernel = functools.partial(self.factory, *args, **kwargs)
+        jit = self.jit_impl
+        return (AutoTuner.from_kernel(kernel=kernel, configs=configs)
+                .set_compile_args(out_idx=jit.out_idx, target=jit.target if jit.target is not None else "auto",
+                                  pass_configs=jit.pass_configs)
+                .set_profile_args(warmup=self.warmup, rep=self.rep, timeout=self.timeout, **self.profile))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
+        given = self._given(args, kwargs, self._tunable(list(configs)))
+        if given:  # TileLang's way to skip tuning: fix the tunable parameters in the call
+            logger.info("tunable parameters %s given in the call: compiling with tilelang.jit, no tuning", given)
+            return self.jit_impl(*args, **kwargs)
+        key = _key(args, kwargs)
+        if key is None or key not in self._tuned:
+            kernel = self.tuner(*args, **kwargs).run().kernel
+            if key is None:
+                return kernel
+            self._tuned[key] = kernel
+        return self._tuned[key]
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        """TileLang's ``.compile(...)``: the tuned kernel (the same as calling)."""
+        return self(*args, **kwargs)
+
+
+def _key(args: tuple, kwargs: dict[str, Any]) -> Any:
+    try:
+        key = (args, tuple(sorted(kwargs.items())))
+        hash(key)
+        return key
+    except TypeError:  # an unhashable argument: no in-process memo (the tuning database still serves it)
+        return None
+
+
+def autotune(func: Callable[..., Any] | None = None, *, configs: Any, warmup: int = 25, rep: int = 100,
+             timeout: float | None = 100, supply_type: Any = None, ref_prog: Callable[..., Any] | None = None,
+             supply_prog: Callable[..., Any] | None = None, rtol: float = 1e-2, atol: float = 1e-2,
+             max_mismatched_ratio: float = 0.0, skip_check: bool = False,
+             manual_check_prog: Callable[..., Any] | None = None, cache_input_tensors: bool = False,
+             do_not_specialize: Any = None, early_stop: bool = False,
+             early_stop_factor: float = 2.0) -> Callable[[Any], AutoTuneImpl]:
+    """TileLang's ``tilelang.autotune`` signature. ``configs``: a list of dicts, or a callable taking
+    the call's arguments and returning one. ``warmup``/``rep`` are numbers of calls (as in TileLang),
+    ``timeout`` the compile timeout in seconds. The check arguments mean what they mean in
+    :meth:`AutoTuner.set_profile_args`; ``max_mismatched_ratio`` defaults to 0 (TileLang: 0.01),
+    tilecarve's strict check. ``do_not_specialize``, ``early_stop`` and ``early_stop_factor`` are
+    accepted and have no effect: every candidate is timed in full, and every argument keys the result.
+    """
+    if func is not None:
+        raise ValueError("use @autotune(configs=...) with arguments, stacked on @tilelang.jit(...)")
+    profile = dict(supply_type=supply_type, ref_prog=ref_prog, supply_prog=supply_prog, rtol=rtol, atol=atol,
+                   max_mismatched_ratio=max_mismatched_ratio, skip_check=skip_check,
+                   manual_check_prog=manual_check_prog, cache_input_tensors=cache_input_tensors)
+    if early_stop_factor < 1.0:
+        raise ValueError(f"early_stop_factor must be >= 1.0, got {early_stop_factor!r}")
+    del do_not_specialize, early_stop  # accepted for TileLang's signature; see the docstring
+
+    def decorator(jit_impl: Any) -> AutoTuneImpl:
+        return AutoTuneImpl(jit_impl, configs, profile, warmup, rep, timeout)
+
+    return decorator
