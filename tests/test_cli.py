@@ -51,6 +51,13 @@ def test_every_command_has_help(argv):
     assert r.stdout.startswith(f"usage: tilecarve {' '.join(argv)}".rstrip()), r.stdout[:200]
 
 
+def test_the_console_script_is_main():
+    tomllib = pytest.importorskip("tomllib")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, func = scripts["tilecarve"].split(":")
+    assert getattr(importlib.import_module(module), func) is main
+
+
 def test_help_and_offline_commands_import_neither_torch_nor_tilelang():
     code = ("import sys; from tilecarve.cli import main; main(['hints', '--gpu', 'H100', '64', '64', '64']); "
             "main(['cache', 'list', '--db', sys.argv[1]]); print(sorted({'torch', 'tilelang'} & set(sys.modules)))")

@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "a summary, from a folder of measured hint files.")
     q.add_argument("data_dir", type=Path, metavar="DATA_DIR", help="folder of measured hint files")
     q.add_argument("--out", type=Path, default=None, help="where to write (default: a new temporary folder, printed)")
-    q.add_argument("--arch", default=None, help="the GPU the data was measured on (e.g. H200; default: from the data)")
+    q.add_argument("--arch", default=None, help="the GPU the data was measured on, e.g. H200 (optional)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q.set_defaults(func=cmd_quality, prog=q.prog)
     return ap
@@ -346,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tilecarve: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tilecarve cache list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILURE
     except Exception as e:  # noqa: BLE001 - the command line's edge: one message instead of a traceback
         if debug:
             raise
