@@ -30,7 +30,7 @@ import sqlite3
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,8 +39,8 @@ from .config import config_to_json
 from .errors import TuningCacheError
 from .trial import Status, Trial
 
-__all__ = ["DamagedRow", "StoredRun", "TuningCacheWarning", "TuningDB", "cache_dir", "function_fingerprint",
-           "prim_hash", "tuning_key"]
+__all__ = ["EXPORT_FORMAT", "DamagedRow", "ImportReport", "RunInfo", "StoredRun", "TuningCacheWarning", "TuningDB",
+           "cache_dir", "check_exported_run", "function_fingerprint", "prim_hash", "tuning_key"]
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _SCHEMA = """
@@ -238,6 +238,97 @@ def _trial_from_row(row: tuple) -> tuple[int, Trial]:
                       rounds if isinstance(rounds, int) else None, spread)
 
 
+def _run_numbers(best: Any, best_ms: Any, ref_ms: Any) -> dict[str, Any] | None:
+    """The stored winner's config (parsed), checked with its latencies; :class:`DamagedRow` if not sound."""
+    try:
+        best_config = json.loads(best) if best is not None else None
+    except (TypeError, ValueError) as e:
+        raise DamagedRow(f"best_config {best!r}: {e}") from None
+    if best_config is not None and not isinstance(best_config, dict):
+        raise DamagedRow(f"best_config {best!r} is not a dict")
+    for name, v in (("best_latency_ms", best_ms), ("ref_latency_ms", ref_ms)):
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise DamagedRow(f"{name}={v!r}")
+    return best_config
+
+
+#: What ``tilecarve cache export`` writes and ``import`` reads: ``{"format": EXPORT_FORMAT, "runs": [...]}``.
+EXPORT_FORMAT = "tilecarve-tuning-cache/1"
+_RUN_COLUMNS = ("key", "kernel", "target", "created", "finished", "best_config", "best_latency_ms", "ref_latency_ms",
+                "n_configs", "meta", "best_prim")
+_TRIAL_COLUMNS = ("idx", "config", "status", "error", "compile_s", "median_ms", "min_ms", "iqr_ms", "recorded",
+                  "rounds", "spread")
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One stored run, for listing: its key, what was tuned where, the winner and how many trials."""
+
+    key: str
+    kernel: str
+    target: str
+    created: float
+    finished: float | None
+    best_config: dict[str, Any] | None
+    best_latency_ms: float | None
+    n_configs: int
+    n_trials: int
+
+
+@dataclass
+class ImportReport:
+    """What :meth:`TuningDB.import_runs` did with each run of the file (keys, and why one was skipped)."""
+
+    added: list[str]
+    replaced: list[str]
+    skipped: list[tuple[str, str]]
+
+
+def _when(run: Mapping[str, Any]) -> tuple[bool, float]:
+    """How recent a run is: a finished one beats an unfinished one, then the later time wins."""
+    return run["finished"] is not None, float(run["finished"] if run["finished"] is not None else run["created"])
+
+
+def check_exported_run(run: Any) -> dict[str, Any]:
+    """An exported run checked as strictly as rows read from the database (:class:`DamagedRow` says what is
+    wrong), returned with its trials as :class:`Trial`s keyed by index under ``"trials"``."""
+    if not isinstance(run, Mapping):
+        raise DamagedRow(f"a run must be an object, got {type(run).__name__}")
+    missing = [c for c in (*_RUN_COLUMNS, "trials") if c not in run]
+    if missing:
+        raise DamagedRow(f"run {run.get('key', '?')!r} lacks {missing}")
+    key = run["key"]
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise DamagedRow(f"key {key!r} is not a SHA-256 hex digest")
+    for name in ("kernel", "target"):
+        if not isinstance(run[name], str):
+            raise DamagedRow(f"run {key[:12]}: {name}={run[name]!r}")
+    for name in ("created", "finished"):
+        v = run[name]
+        if (v is not None or name == "created") and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise DamagedRow(f"run {key[:12]}: {name}={v!r}")
+    n = run["n_configs"]
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(run["meta"], dict):
+        raise DamagedRow(f"run {key[:12]}: n_configs={n!r}, meta={run['meta']!r}")
+    if run["best_prim"] is not None and not isinstance(run["best_prim"], str):
+        raise DamagedRow(f"run {key[:12]}: best_prim={run['best_prim']!r}")
+    best = run["best_config"]
+    _run_numbers(None if best is None else json.dumps(best), run["best_latency_ms"], run["ref_latency_ms"])
+    if not isinstance(run["trials"], list):
+        raise DamagedRow(f"run {key[:12]}: trials must be a list")
+    trials: dict[int, tuple[Trial, float]] = {}
+    for t in run["trials"]:
+        if not isinstance(t, Mapping) or any(c not in t for c in _TRIAL_COLUMNS):
+            raise DamagedRow(f"run {key[:12]}: a trial must be an object with {list(_TRIAL_COLUMNS)}, got {t!r}")
+        idx, trial = _trial_from_row(tuple(json.dumps(t[c]) if c == "config" else t[c]
+                                           for c in _TRIAL_COLUMNS if c != "recorded"))
+        if idx >= n or idx in trials or not isinstance(t["recorded"], (int, float)):
+            raise DamagedRow(f"run {key[:12]}: trial {idx} is repeated, beyond n_configs={n}, or has no time")
+        trials[idx] = (trial, float(t["recorded"]))
+    return {**run, "trials": trials}
+
+
 _CACHE_FIX = "set TILECARVE_CACHE_DIR to a writable directory, or tune without the database: .set_tuning(cache=False)"
 
 
@@ -337,15 +428,7 @@ class TuningDB:
         if row is None:
             return None
         best, best_ms, ref_ms, best_prim = row
-        try:
-            best_config = json.loads(best) if best is not None else None
-        except (TypeError, ValueError) as e:
-            raise DamagedRow(f"best_config {best!r}: {e}") from None
-        if best_config is not None and not isinstance(best_config, dict):
-            raise DamagedRow(f"best_config {best!r} is not a dict")
-        for name, v in (("best_latency_ms", best_ms), ("ref_latency_ms", ref_ms)):
-            if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
-                raise DamagedRow(f"{name}={v!r}")
+        best_config = _run_numbers(best, best_ms, ref_ms)
         return StoredRun(best_config, best_ms, ref_ms, best_prim, self.trials(key))
 
     def trials(self, key: str) -> dict[int, Trial]:
@@ -378,17 +461,18 @@ class TuningDB:
 
     def discard_run(self, key: str) -> None:
         """Remove a run and its trials (the problem itself was wrong: nothing of it is worth keeping)."""
-        with self._tx():
-            self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
-            self._conn.execute("DELETE FROM runs WHERE key=?", (key,))
+        self.delete([key])
 
     def record_trial(self, key: str, idx: int, trial: Trial) -> None:
         with self._tx():
-            self._conn.execute(
-                "INSERT OR REPLACE INTO trials (key, idx, config, status, error, compile_s, median_ms, min_ms, "
-                "iqr_ms, recorded, rounds, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, idx, config_to_json(trial.config), str(trial.status), trial.error, trial.compile_s,
-                 trial.median_ms, trial.min_ms, trial.iqr_ms, time.time(), trial.rounds, trial.spread))
+            self._insert_trial(key, idx, trial, time.time())
+
+    def _insert_trial(self, key: str, idx: int, trial: Trial, recorded: float) -> None:
+        self._conn.execute(
+            "INSERT OR REPLACE INTO trials (key, idx, config, status, error, compile_s, median_ms, min_ms, "
+            "iqr_ms, recorded, rounds, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, idx, config_to_json(trial.config), str(trial.status), trial.error, trial.compile_s,
+             trial.median_ms, trial.min_ms, trial.iqr_ms, recorded, trial.rounds, trial.spread))
 
     def finish_run(self, key: str, best: Trial | None, ref_ms: float | None, best_prim: str | None = None) -> None:
         with self._tx():
@@ -397,3 +481,84 @@ class TuningDB:
                 "WHERE key=?",
                 (time.time(), config_to_json(best.config) if best else None, best.median_ms if best else None,
                  ref_ms, best_prim, key))
+
+    # ------------------------------------------------------------------ for `tilecarve cache`
+    def keys(self, prefix: str = "") -> list[str]:
+        """Stored run keys starting with ``prefix`` (hex digits), sorted."""
+        if not re.fullmatch(r"[0-9a-f]*", prefix):
+            raise ValueError(f"a key prefix is hex digits (0-9, a-f), got {prefix!r}")
+        return [r[0] for r in self._conn.execute("SELECT key FROM runs WHERE key LIKE ? ORDER BY key", (prefix + "%",))]
+
+    def runs(self) -> list[RunInfo]:
+        """Every stored run, newest first, with its number of recorded trials (rows are shown as stored)."""
+        rows = self._conn.execute(
+            "SELECT r.key, r.kernel, r.target, r.created, r.finished, r.best_config, r.best_latency_ms, r.n_configs, "
+            "(SELECT COUNT(*) FROM trials t WHERE t.key = r.key) FROM runs r "
+            "ORDER BY COALESCE(r.finished, r.created) DESC").fetchall()
+        out = []
+        for key, kernel, target, created, finished, best, best_ms, n_configs, n_trials in rows:
+            try:
+                best_config = _run_numbers(best, best_ms, None)
+            except DamagedRow:
+                best_config, best_ms = None, None
+            out.append(RunInfo(key, kernel, target, created, finished, best_config, best_ms, n_configs, n_trials))
+        return out
+
+    def export_runs(self, keys: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """The runs under ``keys`` (all when None) with their trials, as JSON-able dicts; a run that is
+        not sound (:class:`DamagedRow`) is an error, not a silent omission."""
+        wanted = self.keys() if keys is None else list(keys)
+        out = []
+        for key in wanted:
+            row = self._conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)).fetchone()
+            if row is None:
+                raise KeyError(key)
+            run = dict(zip(_RUN_COLUMNS, row))
+            run["best_config"] = _run_numbers(run["best_config"], run["best_latency_ms"], run["ref_latency_ms"])
+            try:
+                run["meta"] = json.loads(run["meta"])
+            except (TypeError, ValueError) as e:
+                raise DamagedRow(f"run {key[:12]}: meta {run['meta']!r}: {e}") from None
+            recorded = dict(self._conn.execute("SELECT idx, recorded FROM trials WHERE key=?", (key,)).fetchall())
+            run["trials"] = [{"idx": i, "config": t.config, "status": str(t.status), "error": t.error,
+                              "compile_s": t.compile_s, "median_ms": t.median_ms, "min_ms": t.min_ms,
+                              "iqr_ms": t.iqr_ms, "recorded": recorded[i], "rounds": t.rounds, "spread": t.spread}
+                             for i, t in sorted(self.trials(key).items())]
+            out.append(run)
+        return out
+
+    def import_runs(self, runs: Iterable[Any]) -> ImportReport:
+        """Add exported runs. Every run is checked (:func:`check_exported_run`) before anything is written, so
+        a bad file changes nothing. A run whose key is stored already replaces it only if it is newer (a
+        finished run beats an unfinished one, then the later time); otherwise it is skipped and reported."""
+        checked = [check_exported_run(r) for r in runs]
+        report = ImportReport([], [], [])
+        with self._tx():
+            for run in checked:
+                key = run["key"]
+                have = self._conn.execute("SELECT finished, created FROM runs WHERE key=?", (key,)).fetchone()
+                if have is not None:
+                    mine = _when({"finished": have[0], "created": have[1]})
+                    if mine >= _when(run):
+                        report.skipped.append((key, "the database holds the same run or a newer one"))
+                        continue
+                    self._delete_one(key)
+                best = run["best_config"]
+                values = {**run, "best_config": None if best is None else config_to_json(best),
+                          "meta": json.dumps(run["meta"])}
+                self._conn.execute(f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES "
+                                   f"({', '.join('?' * len(_RUN_COLUMNS))})", [values[c] for c in _RUN_COLUMNS])
+                for idx, (trial, recorded) in run["trials"].items():
+                    self._insert_trial(key, idx, trial, recorded)
+                (report.replaced if have is not None else report.added).append(key)
+        return report
+
+    def delete(self, keys: Iterable[str] | None = None) -> int:
+        """Remove the runs under ``keys`` (every run when None) with their trials; how many runs went."""
+        wanted = self.keys() if keys is None else list(keys)
+        with self._tx():
+            return sum(self._delete_one(key) for key in wanted)
+
+    def _delete_one(self, key: str) -> int:
+        self._conn.execute("DELETE FROM trials WHERE key=?", (key,))
+        return self._conn.execute("DELETE FROM runs WHERE key=?", (key,)).rowcount

@@ -40,6 +40,7 @@ from .check import torch_dtype
 from .compile import compile_all, tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import TuningError, TuningInputError
+from .logs import tilelang_logs_for_run
 from .settings import (
     TIMING_BACKENDS,
     CheckSettings,
@@ -377,8 +378,8 @@ class AutoTuner:
                          self.timing_settings)
         db = TuningDB(self.run_settings.db_path) if self.run_settings.cache else None
         # every process of the run writes its temporary files (TileLang's sources and libraries,
-        # gcc's and nvcc's scratch) into one directory that goes with the run
-        with procs.run_scratch():
+        # gcc's and nvcc's scratch) into one directory that goes with the run; TileLang logs above the bar
+        with tilelang_logs_for_run(self.run_settings.progress), procs.run_scratch():
             try:
                 if db is not None:
                     hit = self._from_cache(db, key, target, spec, t_start)

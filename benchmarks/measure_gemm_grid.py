@@ -1,10 +1,12 @@
-"""(A verbatim copy of ../shared/tools/measure_gemm_grid.py, which does not travel to the GPU machine;
-benchmarks/measure_hints.py reuses its kernel, grid and file format. Keep the two identical.)
+"""(Adapted from ../shared/tools/measure_gemm_grid.py, which does not travel to the GPU machine: the same
+kernel, grid, timing and file format, so its files and the shared grid files compare;
+benchmarks/measure_hints.py reuses its kernel and grid. The one change: triton is imported when
+measuring, not at import, so ``--help`` and ``from measure_gemm_grid import gemm`` work without it.)
 
 Anchor measurement on a GPU: tilelang's own carver hints vs an exhaustive grid vs cuBLAS.
 
 Usage (on the GPU machine, tilelang on PYTHONPATH):
-    python3 ../shared/tools/measure_gemm_grid.py (copy it into the project tree or .gpu/ first: ../shared does not travel to the GPU machine) M N K [--grid] [--topk 20] [--out results.json]
+    python3 benchmarks/measure_gemm_grid.py M N K [--grid] [--topk 20] [--out results.json]
 
 Records, for one fp16 GEMM C = A @ B.T (A: MxK, B: NxK):
   * torch.matmul (cuBLAS) latency,
@@ -18,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import tilelang
 import tilelang.language as T
-from triton.testing import do_bench
 
 
 def gemm(M, N, K, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
@@ -72,13 +73,14 @@ def key(c):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("M", type=int); ap.add_argument("N", type=int); ap.add_argument("K", type=int)
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--topk", type=int, default=20)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    from triton.testing import do_bench  # only to measure: --help and the kernel's importers need no triton
     M, N, K = a.M, a.N, a.K
     flops = 2 * M * N * K
     dev = torch.cuda.get_device_name()

@@ -6,6 +6,9 @@
   carver's offline hints for a named GPU (default H100) without touching any GPU.
 
     python3 examples/quickstart.py [--gpu H100] [--shape 4096 4096 4096]
+
+The same from the command line: ``tilecarve hints --gpu H100 4096 4096 4096`` (offline) and
+``tilecarve tune matmul 4096 4096 4096`` (on a GPU); docs/cli.md.
 """
 
 from __future__ import annotations
@@ -33,9 +36,17 @@ def offline_hints(gpu: str, m: int, n: int, k: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpu", default="H100", help="GPU to give offline hints for when none is present")
+    ap.add_argument("--gpu", default="H100",
+                    help="GPU to give offline hints for when none is present (H100, H200, A100-80GB, ...)")
     ap.add_argument("--shape", nargs=3, type=int, default=[4096, 4096, 4096], metavar=("M", "N", "K"))
     args = ap.parse_args()
+    from carver.arch import ARCHS, CUDA
+
+    try:  # before any work: a GPU name the carver does not know fails now, not after a CPU tune
+        CUDA(args.gpu)
+    except (ValueError, RuntimeError):  # a name not in the table; "cuda" with no GPU here
+        ap.error(f"--gpu {args.gpu!r} is not a GPU the carver knows; known: {', '.join(ARCHS)} (and aliases such as "
+                 f"sm90, hopper)")
     import torch
 
     if torch.cuda.is_available():

@@ -1,10 +1,13 @@
 """A user's kernel with reserved parameters, tuned on TileLang's C target (runs on any CPU).
 
     python3 examples/cpu/axpby.py            # tune, then tune again (served from the cache)
+
+Each trial is stored in the tuning cache: ``tilecarve cache list`` shows the run afterwards.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import time
 
@@ -45,6 +48,7 @@ def tune():
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     t0 = time.perf_counter()
     result = tune()
     cold = time.perf_counter() - t0

@@ -1,0 +1,237 @@
+"""``tilecarve cache list | show | export | import | clear``: the tuning database (``autotuner/cache.py``).
+
+Every read goes through :class:`autotuner.cache.TuningDB`, so rows are checked as a tuning run checks
+them; an import is checked the same way before anything is written, and never replaces a run with an
+older one. Nothing is created by reading: ``list`` on a machine that never tuned says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import CommandError, UsageError
+
+__all__ = ["add_parser"]
+
+
+def key_prefix(value: str) -> str:
+    value = value.strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{1,64}", value):
+        raise argparse.ArgumentTypeError(f"a key (or the start of one) is hex digits, got {value!r}; "
+                                         f"tilecarve cache list shows the keys")
+    return value
+
+
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    db = argparse.ArgumentParser(add_help=False, parents=[common])
+    db.add_argument("--db", type=Path, default=None,
+                    help="the database file (default: $TILECARVE_CACHE_DIR/tuning.sqlite, else ~/.cache/tilecarve/)")
+    c = sub.add_parser("cache", parents=[common], help="the tuning database: list, show, export, import, clear",
+                       description="The tuning database: one run per tuned problem, one trial per config measured.")
+    cmds = c.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    p = cmds.add_parser("list", parents=[db], help="one row per tuned problem",
+                        description="One row per stored run: key, kernel, best latency, date, trials.")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+    p.set_defaults(func=cmd_list, prog=p.prog)
+    p = cmds.add_parser("show", parents=[db], help="one run and its trials",
+                        description="One stored run with every trial (status, latency, compile time, error).")
+    p.add_argument("key", type=key_prefix, metavar="KEY", help="the run's key, or a unique start of it")
+    p.add_argument("--json", action="store_true", help="print JSON on stdout")
+    p.set_defaults(func=cmd_show, prog=p.prog)
+    p = cmds.add_parser("export", parents=[db], help="write runs to a JSON file",
+                        description="Write runs and their trials to a JSON file that `tilecarve cache import` reads.")
+    p.add_argument("file", metavar="FILE", help="the file to write ('-': stdout); an existing one needs --force")
+    p.add_argument("--key", type=key_prefix, action="append", default=None,
+                   help="only this run (a key or a unique start of one); repeat for more")
+    p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.set_defaults(func=cmd_export, prog=p.prog)
+    p = cmds.add_parser("import", parents=[db], help="add runs from an exported JSON file",
+                        description="Add the runs of an exported file. Each is checked as rows read from the "
+                                    "database are; a bad file changes nothing. A stored run is replaced only by a "
+                                    "newer one; older or equal ones are skipped and reported.")
+    p.add_argument("file", type=Path, metavar="FILE", help="a file written by tilecarve cache export")
+    p.add_argument("--json", action="store_true", help="print what was added, replaced and skipped as JSON")
+    p.set_defaults(func=cmd_import, prog=p.prog)
+    p = cmds.add_parser("clear", parents=[db], help="delete runs (asks first, or --yes)",
+                        description="Delete stored runs and their trials: all of them, or one with --key. Asks "
+                                    "for confirmation on a terminal; elsewhere --yes is required.")
+    p.add_argument("--key", type=key_prefix, default=None, help="only this run (a key or a unique start of one)")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask")
+    p.set_defaults(func=cmd_clear, prog=p.prog)
+
+
+# --------------------------------------------------------------------------------------------------
+def _path(args: argparse.Namespace) -> Path:
+    from autotuner.cache import cache_dir
+
+    return args.db if args.db is not None else cache_dir() / "tuning.sqlite"
+
+
+def _open(args: argparse.Namespace, create: bool = False) -> Any:
+    """The database, or None when there is none yet and ``create`` is False (reading creates nothing)."""
+    from autotuner.cache import TuningDB
+
+    path = _path(args)
+    if not create and not path.exists():
+        return None
+    return TuningDB(path)
+
+
+def _resolve(db: Any, prefix: str) -> str:
+    keys = db.keys(prefix)
+    if not keys:
+        raise CommandError(f"no stored run has a key starting with {prefix!r}; tilecarve cache list shows the keys")
+    if len(keys) > 1:
+        raise CommandError(f"{prefix!r} starts {len(keys)} keys ({', '.join(k[:16] for k in keys[:5])}...); give "
+                           f"more digits")
+    return keys[0]
+
+
+def _date(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t)) if t is not None else "-"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from autotuner.config import config_label
+
+    db = _open(args)
+    runs = [] if db is None else db.runs()
+    if db is not None:
+        db.close()
+    if args.json:
+        json.dump([vars(r) | {"database": str(_path(args))} for r in runs], sys.stdout, indent=2)
+        print()
+        return 0
+    if not runs:
+        print(f"no tuned problems in {_path(args)}" + ("" if db is not None else " (no database there yet)"))
+        return 0
+    print(f"{len(runs)} tuned problems in {_path(args)}")
+    print(f"{'key':<14}{'best ms':>10}  {'date':<17}{'trials':>9}  {'target':<18}kernel / best config")
+    for r in runs:
+        best = f"{r.best_latency_ms:>10.4f}" if r.best_latency_ms is not None else f"{'-':>10}"
+        state = "" if r.finished is not None else "  (unfinished: tuning again resumes it)"
+        print(f"{r.key[:12]:<14}{best}  {_date(r.finished or r.created):<17}{f'{r.n_trials}/{r.n_configs}':>9}  "
+              f"{r.target[:17]:<18}{r.kernel}{state}")
+        if r.best_config:
+            print(f"{'':<72}{config_label(r.best_config)}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from autotuner.config import config_label
+    from autotuner.trial import error_headline
+
+    db = _open(args)
+    if db is None:
+        raise CommandError(f"no tuning database at {_path(args)}")
+    try:
+        run = db.export_runs([_resolve(db, args.key)])[0]
+    finally:
+        db.close()
+    if args.json:
+        json.dump(run, sys.stdout, indent=2)
+        print()
+        return 0
+    best = run["best_config"]
+    print(f"key      {run['key']}\nkernel   {run['kernel']}\ntarget   {run['target']}")
+    print(f"tuned    {_date(run['created'])} .. {_date(run['finished']) if run['finished'] else 'unfinished'}")
+    if best is not None:
+        ref = f" (reference {run['ref_latency_ms']:.4f} ms)" if run["ref_latency_ms"] else ""
+        print(f"best     {config_label(best)} at {run['best_latency_ms']:.4f} ms{ref}")
+    print(f"trials   {len(run['trials'])} of {run['n_configs']} configs; settings {json.dumps(run['meta'])}")
+    print(f"{'idx':>4}  {'status':<15}{'median ms':>10}{'min ms':>10}{'iqr ms':>9}{'compile s':>10}  config")
+    for t in run["trials"]:
+        nums = "".join(f"{v:>{w}.4f}" if v is not None else f"{'-':>{w}}"
+                       for v, w in ((t["median_ms"], 10), (t["min_ms"], 10), (t["iqr_ms"], 9), (t["compile_s"], 10)))
+        err = f"  [{error_headline(t['error'], 80)}]" if t["error"] else ""
+        print(f"{t['idx']:>4}  {t['status']:<15}{nums}  {config_label(t['config'])}{err}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from autotuner import __version__
+    from autotuner.cache import EXPORT_FORMAT
+
+    to_stdout = args.file == "-"
+    if not to_stdout and Path(args.file).exists() and not args.force:
+        raise CommandError(f"{args.file} exists; choose another name, or --force to overwrite it")
+    db = _open(args)
+    if db is None:
+        raise CommandError(f"no tuning database at {_path(args)}: nothing to export")
+    try:
+        keys = None if args.key is None else list(dict.fromkeys(_resolve(db, k) for k in args.key))
+        runs = db.export_runs(keys)
+    finally:
+        db.close()
+    doc = {"format": EXPORT_FORMAT, "tilecarve": __version__, "exported": time.time(), "database": str(_path(args)),
+           "runs": runs}
+    text = json.dumps(doc, indent=1)
+    if to_stdout:
+        print(text)
+    else:
+        Path(args.file).write_text(text + "\n")
+        print(f"exported {len(runs)} runs to {args.file}", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from autotuner.cache import EXPORT_FORMAT, DamagedRow
+
+    try:
+        doc = json.loads(args.file.read_text())
+    except (OSError, ValueError) as e:
+        raise CommandError(f"cannot read {args.file} as JSON: {e}") from e
+    if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("runs"), list):
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise CommandError(f"{args.file} is not a tilecarve cache export (format {found!r}, expected "
+                           f"{EXPORT_FORMAT!r}); write one with tilecarve cache export")
+    db = _open(args, create=True)
+    try:
+        report = db.import_runs(doc["runs"])
+    except DamagedRow as e:
+        raise CommandError(f"{args.file}: {e}; nothing was imported") from e
+    finally:
+        db.close()
+    if args.json:
+        json.dump(vars(report) | {"database": str(_path(args))}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"imported into {_path(args)}: {len(report.added)} added, {len(report.replaced)} replaced by newer runs, "
+          f"{len(report.skipped)} skipped")
+    for key in report.replaced:
+        print(f"  replaced {key[:12]}: the file's run is newer")
+    for key, why in report.skipped:
+        print(f"  skipped  {key[:12]}: {why}")
+    return 0
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    db = _open(args)
+    if db is None:
+        print(f"no tuning database at {_path(args)}: nothing to clear")
+        return 0
+    try:
+        keys = [_resolve(db, args.key)] if args.key else db.keys()
+        what = f"run {keys[0][:12]}" if args.key else f"all {len(keys)} runs"
+        if not keys:
+            print(f"no runs in {_path(args)}: nothing to clear")
+            return 0
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise UsageError(f"clearing {what} of {_path(args)} needs --yes when not asked on "
+                                                 f"a terminal")
+            answer = input(f"delete {what} (and their trials) from {_path(args)}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 0
+        n = db.delete(keys)
+    finally:
+        db.close()
+    print(f"deleted {n} runs from {_path(args)}")
+    return 0
