@@ -123,6 +123,8 @@ def load_grids(*paths: str | os.PathLike[str]) -> list[Grid]:
     Other JSON files (summaries, benchmark boards) are skipped; a path with no grid raises."""
     found: list[Grid] = []
     for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"{p} does not exist: pass a directory of measured grids, e.g. {DATA_ROOT}")
         files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
         for f in files:
             data = json.loads(f.read_text())
@@ -244,23 +246,21 @@ def mispredictions(score: Mapping[str, Any], n: int = 5) -> list[dict[str, Any]]
             for _, i in sorted(err, reverse=True)[:n]]
 
 
-def _pyplot() -> Any:
+def _figure(**kw: Any) -> Any:
+    """A bare matplotlib Figure: no pyplot, so no backend is chosen or changed (a notebook keeps its own)."""
     try:
-        import matplotlib
+        from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError("the hint-quality figures need matplotlib, which is not installed: "
                           "pip install matplotlib (or the project's extra: pip install -e '.[test]')") from e
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(**kw)
 
 
-def _axes(plt: Any, n: int, cols: int = 4, size: float = 4.0) -> tuple[Any, list[Any]]:
+def _axes(n: int, cols: int = 4, size: float = 4.0) -> tuple[Any, list[Any]]:
     cols = min(n, cols)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(size * cols, size * rows), squeeze=False)
-    flat = list(axes.flat)
+    fig = _figure(figsize=(size * cols, size * rows))
+    flat = list(fig.subplots(rows, cols, squeeze=False).flat)
     for ax in flat[n:]:
         ax.axis("off")
     return fig, flat[:n]
@@ -268,8 +268,7 @@ def _axes(plt: Any, n: int, cols: int = 4, size: float = 4.0) -> tuple[Any, list
 
 def plot_scatter(scores: list[dict[str, Any]], path: Path) -> Path:
     """Predicted against measured latency, one panel per file; the diagonal is a perfect model."""
-    plt = _pyplot()
-    fig, axes = _axes(plt, len(scores))
+    fig, axes = _axes(len(scores))
     for ax, s in zip(axes, scores):
         meas = [m * 1e3 for m in s["ranked"]["measured_ms"]]
         pred = [p * 1e3 for p in s["ranked"]["predicted_ms"]]
@@ -281,13 +280,12 @@ def plot_scatter(scores: list[dict[str, Any]], path: Path) -> Path:
         ax.set(xscale="log", yscale="log", xlabel="measured (us)", ylabel="predicted (us)")
         ax.tick_params(which="minor", labelbottom=False, labelleft=False)
         _title(ax, f"{s['family']} {s['label']}\nrho={rho}, {s['device']}", legend="upper left")
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_recall(scores: list[dict[str, Any]], path: Path) -> Path:
     """recall@k curves per file: tilecarve's hints, its rank of the grid, TileLang's hints."""
-    plt = _pyplot()
-    fig, axes = _axes(plt, len(scores))
+    fig, axes = _axes(len(scores))
     style = {TILECARVE_HINTS: "o-", TILECARVE_RANK: "s--", TILELANG_HINTS: "x-"}
     for ax, s in zip(axes, scores):
         for name, curve in s["recall"].items():
@@ -301,19 +299,19 @@ def plot_recall(scores: list[dict[str, Any]], path: Path) -> Path:
         ax.set_xticks([1, 4, 8, 12, 16])
         ax.set(ylim=(0, 1.05), xlabel="k", ylabel="best of top k / best measured")
         _title(ax, f"{s['family']} {s['label']}", legend="lower right")
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def plot_spearman(scores: list[dict[str, Any]], path: Path) -> Path:
     """Spearman's rho per file, one bar each."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(scores) + 2), 4))
+    fig = _figure(figsize=(max(6.0, 0.5 * len(scores) + 2), 4))
+    ax = fig.subplots()
     labels = [f"{s['family']} {s['label']}" for s in scores]
     ax.bar(range(len(scores)), [s["spearman"] or 0.0 for s in scores])
     ax.set_xticks(range(len(scores)), labels, rotation=60, ha="right", fontsize=7)
     ax.axhline(0, color="k", lw=0.8)
     ax.set(ylim=(-1, 1), ylabel="Spearman rho (predicted vs measured)")
-    return _save(plt, fig, path)
+    return _save(fig, path)
 
 
 def _title(ax: Any, title: str, legend: str) -> None:
@@ -321,10 +319,9 @@ def _title(ax: Any, title: str, legend: str) -> None:
     ax.legend(fontsize=6, loc=legend)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return path
 
 
