@@ -89,3 +89,15 @@ def test_write_report_writes_the_figures(tmp_path):
     assert summary["families"]["gemv"][f"{quality.TILECARVE_HINTS} recall@8"]["min"] > 0.9
     json.dumps(summary)  # JSON-able
     assert len(json.loads(open(paths["json"]).read())["scores"]) == 5
+
+
+def test_tilelang_hints_offline_are_the_ones_recorded_on_the_gpu():
+    """benchmarks/tilelang_hints.py's device-free arch gives TileLang's carver the hints it gave on the H200."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tilelang_hints", quality.DATA_ROOT.parent / "tilelang_hints.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = json.loads((GEMM / "256x8192x8192.json").read_text())["summary"]
+    want = [h["config"] for h in summary["hints"]]
+    assert mod.tilelang_hints(256, 8192, 8192, topk=len(want)) == want
