@@ -11,7 +11,7 @@ Steps (``--steps grid,holdout,torch``, all by default):
   calibration shapes (M = 1 and 16 on 4096x4096 and 11008x4096, fp16), each checked against the fp32
   product (zero mismatches at atol = rtol = 1e-2) and timed; files ``grid/<M>x<N>x<K>-<dtype>.json`` in
   ``benchmarks/measure_gemm_grid.py``'s format (``summary`` + ``results``, with ``family: gemv``), so
-  ``benchmarks/hint_quality.py --gemv-data`` scores them offline.
+  ``benchmarks/hint_quality.py --data DIR`` scores them offline.
 * ``holdout``: the same on shapes not in the calibration data (Llama-3-8B), and the carver's best of
   top-8 (``templates.gemv.candidates`` for the local GPU) as a fraction of the exhaustive best.
 * ``torch``: M = 1, 4, 16 on the Llama-3-8B weights (4096x4096, 14336x4096, 4096x14336, 128256x4096):

@@ -1,6 +1,6 @@
 """Calibrate a family's model constants on measured GEMM grids (a developer tool; needs scipy).
 
-    python -m carver.calibrate ../shared/data/h200-gemm-grid --arch H200 [--cv]
+    python -m carver.calibrate benchmarks/data/h200-gemm-grid --arch H200 [--cv]
 
 Fits the free constants of :class:`~carver.model.ModelConstants` in log space by weighted least squares
 on ``log(predicted / measured)`` over every legal measured config; fast configs weigh more, because the

@@ -1,6 +1,6 @@
 """templates.matmul without compiling: argument errors, the search space, the reference, the
 split-K candidates, the glue to the carver and the autotuner, and that the plain path is exactly the
-program behind the measured grids (so ../shared/data/h200-gemm-grid stays valid for it)."""
+program behind the measured grids (so benchmarks/data/h200-gemm-grid stays valid for it)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 def measured_gemm(M, N, K, block_M, block_N, block_K, num_stages, thread_num, enable_rasterization,
                   dtype="float16", accum_dtype="float"):
-    """``gemm`` of ../shared/tools/measure_gemm_grid.py, verbatim: the program of the measured grids."""
+    """``gemm`` of benchmarks/measure_gemm_grid.py, verbatim: the program of the measured grids."""
     @T.prim_func
     def main(A: T.Tensor((M, K), dtype), B: T.Tensor((N, K), dtype), C: T.Tensor((M, N), dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num) as (bx, by):

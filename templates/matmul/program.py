@@ -4,7 +4,7 @@ Layouts: ``A`` is ``(M, K)``, or ``(K, M)`` when ``trans_A``; ``B`` is ``(K, N)`
 ``trans_B`` (the default, the layout of ``x @ W.T`` and of the measured grids). ``C`` is ``(M, N)``.
 
 The plain path (``split_k == 1``) builds exactly the program that produced the measured grids in
-``../shared/data/h200-gemm-grid`` (``../shared/tools/measure_gemm_grid.py``) for the default layout,
+``benchmarks/data/h200-gemm-grid`` (``benchmarks/measure_gemm_grid.py``) for the default layout,
 dtypes and ``panel_size``; ``tests/test_matmul.py`` checks that, so the shared data stays valid.
 
 ``split_k > 1`` is for few output tiles and long K (small M): the K loop is split over a third grid

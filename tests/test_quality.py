@@ -1,0 +1,103 @@
+"""tilecarve.quality on the measured grids shipped in benchmarks/data (offline: no GPU, no compiling)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tilecarve import quality
+
+GEMM = quality.DATA_ROOT / "h200-gemm-grid"
+GEMV = quality.DATA_ROOT / "gemv-2026-11-21-h200"
+
+
+@pytest.fixture(scope="module")
+def gemm_scores():
+    return [quality.score_grid(g) for g in quality.load_grids(GEMM)]
+
+
+def test_recall_curve_and_spearman_on_small_cases():
+    assert quality.recall_curve([2.0, None, 1.0], 1.0, ks=(1, 2, 3, 4)) == [0.5, 0.5, 1.0, None]
+    assert quality.recall_curve([None, 4.0], 2.0, ks=(1, 2)) == [None, 0.5]
+    assert quality.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert quality.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert quality.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)  # ties averaged
+    with pytest.raises(ValueError, match="at least 2"):
+        quality.spearman([1.0], [1.0])
+
+
+def test_the_gemm_grids_score_as_docs_carver_md_says(gemm_scores):
+    by = {s["label"]: s for s in gemm_scores}
+    assert set(by) == {"2048x14336x4096", "256x8192x8192", "4096x4096x4096", "8192x8192x8192"}
+    for s in gemm_scores:
+        assert s["family"] == "matmul" and s["arch"] == "H200"
+        assert s["recall"][quality.TILECARVE_HINTS][7] == 1.0  # the best config is in the top 8
+        assert s["recall"][quality.TILECARVE_RANK][7] == 1.0
+        assert 0.9 < s["spearman"] < 1.0
+        assert s["tilelang_hints"] == "recorded"
+        # TileLang's own recorded score, recomputed from its recorded hints
+        assert s["recall"][quality.TILELANG_HINTS][9] == pytest.approx(
+            json.loads(open(s["file"]).read())["summary"]["carver_top10_vs_best"])
+        assert s["recall"][quality.TILELANG_HINTS][15] < 0.5  # TileLang's carver misses by 2x or more
+        assert s["dropped_best_fraction"] < 0.5  # the validity rules drop no winner
+    assert by["4096x4096x4096"]["spearman"] == pytest.approx(0.947, abs=1e-3)
+    assert by["256x8192x8192"]["recall"][quality.TILECARVE_HINTS][0] is None  # its first hint is not in the grid
+
+
+def test_every_family_in_the_data_is_scored():
+    grids = quality.load_grids(quality.DATA_ROOT)
+    assert {g.family for g in grids} == {"matmul", "gemv"}
+    gemv = [quality.score_grid(g) for g in grids if g.family == "gemv"]
+    assert len(gemv) == 5
+    for s in gemv:
+        assert s["n_legal"] == 72 and s["unmeasured"][quality.TILECARVE_HINTS] == 0
+        assert quality.TILELANG_HINTS not in s["recall"]
+        assert all(0 < v <= 1 for v in s["recall"][quality.TILECARVE_HINTS])
+        assert -1 <= s["spearman"] <= 1
+    offline = [quality.score_grid(g) for g in grids if g.path.parent.name == "h200-hints-2026-11-21"]
+    assert {s["tilelang_hints"] for s in offline} == {"computed offline"}
+
+
+def test_unknown_family_names_the_fix(tmp_path):
+    (tmp_path / "1x2x3.json").write_text(json.dumps({"summary": {"family": "conv"}, "results": []}))
+    with pytest.raises(ValueError, match=r"\['conv'\].*FAMILIES"):
+        quality.load_grids(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nothing-here does not exist"):
+        quality.load_grids(tmp_path / "nothing-here")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no measured grid"):
+        quality.load_grids(tmp_path / "empty")
+
+
+def test_mispredictions_are_worst_first(gemm_scores):
+    worst = quality.mispredictions(gemm_scores[0], 5)
+    errs = [abs(math.log(w["ratio"])) for w in worst]
+    assert len(worst) == 5 and errs == sorted(errs, reverse=True)
+    assert all(1 <= w["model_rank"] <= gemm_scores[0]["n_legal"] for w in worst)
+
+
+def test_write_report_writes_the_figures(tmp_path):
+    pytest.importorskip("matplotlib", reason="pip install -e '.[test]' for matplotlib")
+    summary = quality.write_report(GEMV, tmp_path / "out")
+    paths = summary["paths"]
+    assert set(paths) == {"scatter", "recall", "spearman", "json"}
+    for key in ("scatter", "recall", "spearman"):
+        assert open(paths[key], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert summary["families"]["gemv"]["files"] == 5
+    assert summary["families"]["gemv"][f"{quality.TILECARVE_HINTS} recall@8"]["min"] > 0.9
+    json.dumps(summary)  # JSON-able
+    assert len(json.loads(open(paths["json"]).read())["scores"]) == 5
+
+
+def test_tilelang_hints_offline_are_the_ones_recorded_on_the_gpu():
+    """benchmarks/tilelang_hints.py's device-free arch gives TileLang's carver the hints it gave on the H200."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tilelang_hints", quality.DATA_ROOT.parent / "tilelang_hints.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    summary = json.loads((GEMM / "256x8192x8192.json").read_text())["summary"]
+    want = [h["config"] for h in summary["hints"]]
+    assert mod.tilelang_hints(256, 8192, 8192, topk=len(want)) == want
