@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 from .buckets import Buckets
 from .errors import TuningCacheError, TuningError, TuningInputError
-from .keyed import KeyedKernel, keyed, untuned, use_table
+from .keyed import KeyedKernel, keyed_kernel, untuned, use_table
 from .record import Recording, record
 from .table import TableError, TunedTable, load_table, write_table
 from .trial import STATUSES, Status, Trial
@@ -23,4 +23,4 @@ from .tuner import AutoTuner, TunedKernel, TuneResult
 
 __all__ = ["STATUSES", "AutoTuner", "Buckets", "KeyedKernel", "Recording", "Status", "TableError", "Trial",
            "TuneResult", "TunedKernel", "TunedTable", "TuningCacheError", "TuningError", "TuningInputError",
-           "__version__", "keyed", "load_table", "record", "untuned", "use_table", "write_table"]
+           "__version__", "keyed_kernel", "load_table", "record", "untuned", "use_table", "write_table"]

@@ -36,7 +36,7 @@ from .config import config_label, merge_pass_configs, normalize_configs, split_c
 from .errors import TuningError
 from .table import Entry, KernelSection, TableError, TunedTable, load_table
 
-__all__ = ["KeyedKernel", "add_listener", "capturing", "keyed", "remove_listener", "untuned", "use_table"]
+__all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "untuned", "use_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,7 @@ class KeyedKernel:
         self._chosen: dict[tuple, tuple[dict[str, Any], str, float | None]] = {}
         self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
         self._untuned: dict[tuple, int] = {}
+        self._fast: dict[tuple, Any] = {}  # the call's own key values -> kernel, while nothing is recording
         self._section: tuple[TunedTable, KernelSection | None] | None = None
         self._source: str | None = None
         self._target: Any = None
@@ -202,6 +203,13 @@ class KeyedKernel:
 
     def kernel_for(self, key: Mapping[str, Any]) -> Any:
         """The compiled kernel for an exact ``key`` (compiling it on first use; never timing)."""
+        try:
+            raw = tuple(key[k] for k in self.key)
+            fast = self._fast.get(raw) if not _LISTENERS and len(key) == len(self.key) else None
+        except (KeyError, TypeError):  # a missing name or an unhashable value: the slow path says what is wrong
+            fast = raw = None
+        if fast is not None:
+            return fast
         exact = self._exact(key)
         b = self._bucket(exact)
         for listener in list(_LISTENERS):
@@ -222,6 +230,8 @@ class KeyedKernel:
             if hit is None or hit[0] is not chosen[0]:
                 hit = (chosen[0], self._compile(exact, chosen[0]))
                 self._compiled[ck] = hit
+            if chosen[1] != "fallback" and raw is not None:  # fallback calls are counted: no fast path
+                self._fast[raw] = hit[1]
         return hit[1]
 
     def config_for(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -342,6 +352,7 @@ class KeyedKernel:
         with self._lock:
             self._chosen[tuple(b.values())] = (result.config, "tuned", result.latency)
             self._untuned.pop(tuple(b.values()), None)
+            self._fast.clear()
             self.stats["tuned"] += 1
         return result
 
@@ -357,6 +368,7 @@ class KeyedKernel:
         return t
 
     def _forget(self) -> None:
+        self._fast.clear()
         self._chosen.clear()
         self._untuned.clear()
 
@@ -387,8 +399,8 @@ class KeyedKernel:
         return [(dict(zip(self.key, bt)), n) for bt, n in self._untuned.items()]
 
 
-def keyed(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:
-    """Decorator form: ``@keyed(["M", "N"], configs, key_of=...)`` over a kernel factory."""
+def keyed_kernel(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:
+    """Decorator form: ``@keyed_kernel(["M", "N"], configs, key_of=...)`` over a kernel factory."""
     return lambda fn: KeyedKernel(fn, key, configs, **kwargs)
 
 

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import keyed
 from .errors import TuningError
-from .keyed import KeyedKernel, add_listener, capturing, remove_listener
+from .keyed import KeyedKernel, add_listener, remove_listener
 from .table import write_table
 
 __all__ = ["Recording", "record"]
@@ -50,7 +51,7 @@ class Recording:
     def tune(self, path: str | os.PathLike[str] | None = None) -> Path | None:
         """Tune every recorded key (stored winners are warm hits) and, given ``path``, write their table.
         Refused inside CUDA-graph capture. Kernels in one table must share one target."""
-        if capturing():
+        if keyed.capturing():
             raise TuningError("refusing to tune while a CUDA graph is being captured; call Recording.tune "
                               "outside the capture")
         kernels = self.kernels()

@@ -23,3 +23,19 @@ def ref_scale_add(A, B):
 
 def key_of(A, B):
     return {"M": A.shape[0], "N": A.shape[1], "dtype": A.dtype}
+
+
+CONFIGS = [{"block_M": 16, "block_N": 64}, {"block_M": 64, "block_N": 64}]
+EDGES = [8, 64]
+
+
+def make_keyed(db_path=None, **kwargs):
+    """The keyed kernel the tests (and their fresh subprocesses) build: M bucketed at 8 and 64."""
+    from autotuner import KeyedKernel
+
+    kwargs.setdefault("dynamic", ["M"])
+    kwargs.setdefault("configs", CONFIGS)
+    tuning = {"n_jobs": 2, "progress": False, **({"db_path": str(db_path)} if db_path else {})}
+    return KeyedKernel(scale_add, ["M", "N", "dtype"], key_of=key_of, buckets={"M": EDGES},
+                       compile_args={"out_idx": [-1], "ref_prog": ref_scale_add, "target": "c"},
+                       tuning_args=tuning, warmup=1, rep=3, **kwargs)
