@@ -294,3 +294,11 @@ def test_tune_on_miss_tunes_once_and_stores_the_winner(tmp_path):
     assert kk.config_for(key(3)) == (CONFIGS[0], "tuned")
     assert kk.config_for(key(5)) == (CONFIGS[0], "tuned") and kk.stats["tuned"] == 1
     assert make_keyed(tmp_path / "db.sqlite", configs=CONFIGS[:1]).config_for(key(7))[1] == "database"
+
+
+@pytest.mark.nvcc
+def test_a_dynamic_key_compiles_one_cuda_kernel_per_bucket():
+    kk = make_keyed(target={"kind": "cuda", "arch": "sm_90a"})
+    k = kk.kernel_for(key(5))
+    assert kk.kernel_for(key(3)) is k and kk.stats["compiles"] == 1
+    assert "int M" in k.get_kernel_source()  # M is a runtime argument of the CUDA kernel

@@ -29,7 +29,7 @@ CONFIGS = [{"block_M": 16, "block_N": 64}, {"block_M": 64, "block_N": 64}]
 EDGES = [8, 64]
 
 
-def make_keyed(db_path=None, **kwargs):
+def make_keyed(db_path=None, target="c", **kwargs):
     """The keyed kernel the tests (and their fresh subprocesses) build: M bucketed at 8 and 64."""
     from autotuner import KeyedKernel
 
@@ -37,5 +37,5 @@ def make_keyed(db_path=None, **kwargs):
     kwargs.setdefault("configs", CONFIGS)
     tuning = {"n_jobs": 2, "progress": False, **({"db_path": str(db_path)} if db_path else {})}
     return KeyedKernel(scale_add, ["M", "N", "dtype"], key_of=key_of, buckets={"M": EDGES},
-                       compile_args={"out_idx": [-1], "ref_prog": ref_scale_add, "target": "c"},
+                       compile_args={"out_idx": [-1], "ref_prog": ref_scale_add, "target": target},
                        tuning_args=tuning, warmup=1, rep=3, **kwargs)
