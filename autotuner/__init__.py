@@ -16,11 +16,17 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from .buckets import Buckets
 from .config import DuplicateConfigWarning
 from .decorator import AutoTuneImpl, autotune
 from .errors import TuningCacheError, TuningError, TuningInputError
+from .keyed import KeyedKernel, keyed_kernel, untuned, use_table
+from .record import Recording, record
+from .table import TableError, TunedTable, load_table, write_table
 from .trial import STATUSES, Status, Trial
 from .tuner import AutoTuner, TunedKernel, TuneResult
 
-__all__ = ["STATUSES", "AutoTuneImpl", "AutoTuner", "DuplicateConfigWarning", "Status", "Trial", "TuneResult",
-           "TunedKernel", "TuningCacheError", "TuningError", "TuningInputError", "__version__", "autotune"]
+__all__ = ["STATUSES", "AutoTuneImpl", "AutoTuner", "Buckets", "DuplicateConfigWarning", "KeyedKernel", "Recording",
+           "Status", "TableError", "Trial", "TuneResult", "TunedKernel", "TunedTable", "TuningCacheError",
+           "TuningError", "TuningInputError", "__version__", "autotune", "keyed_kernel", "load_table", "record",
+           "untuned", "use_table", "write_table"]

@@ -390,6 +390,17 @@ class AutoTuner:
                 if db is not None:
                     db.close()
 
+    def cache_key(self, warmup: int, rep: int) -> str:
+        """The database key that :meth:`run` ``(warmup, rep)`` tunes under, computed without compiling or
+        timing anything: for callers that look a stored winner up without tuning (:mod:`.keyed`)."""
+        saved = self.timing_settings
+        self.timing_settings = replace(saved, warmup=check_setting("warmup", warmup), rep=check_setting("rep", rep))
+        try:
+            return tuning_key(self.fn, self.configs, resolve_target(self.compile_settings.target).key(),
+                              self._key_settings())
+        finally:
+            self.timing_settings = saved
+
     def _kernel_name(self) -> str:
         fn = getattr(self.fn, "func", self.fn)
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

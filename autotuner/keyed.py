@@ -1,0 +1,424 @@
+"""Keyed, bucketed tuning: one kernel called at many shapes, a tuned config per key.
+
+A :class:`KeyedKernel` wraps a kernel factory ``fn(**key, **config) -> T.prim_func`` whose *key*
+parameters (``M``, ``N``, ``dtype``...) change the best config. Called with the kernel's arguments,
+it computes the key (``key_of(*args)``), maps bucketed keys to their bucket's edge
+(:mod:`.buckets`), finds the config for that bucket key, compiles it once (cached in memory and in
+TileLang's disk cache) and runs it. Where the config comes from, first match wins:
+
+1. a loaded tuned table (:func:`use_table`, :mod:`.table`): authoritative; with a table loaded, a
+   key it lacks goes straight to 3, so that every rank given the same table runs the same kernels;
+2. (no table) the tuning database: the winner a past :meth:`KeyedKernel.tune` stored;
+3. (no table, ``tune_on_miss=True``, not inside CUDA-graph capture) tune it now;
+4. the fallback: ``default`` or the first of ``configs(key)`` (a template's carver top-1), compiled
+   without timing anything, logged once per key at INFO and counted (:func:`untuned`).
+
+Compilation: a key listed in ``dynamic`` is compiled as a symbolic dimension (``T.dynamic``), so one
+kernel serves every value in its bucket; any other key is compiled for its exact value on first use,
+from its bucket's config, without timing. The kernel is tuned at the bucket's edge.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .buckets import Buckets, as_buckets
+from .cache import DamagedRow, TuningDB, function_fingerprint
+from .config import config_label, merge_pass_configs, normalize_configs, split_config
+from .errors import TuningError
+from .table import Entry, KernelSection, TableError, TunedTable, load_table
+
+__all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "untuned", "use_table"]
+
+logger = logging.getLogger(__name__)
+
+_REGISTRY: weakref.WeakSet[KeyedKernel] = weakref.WeakSet()
+_LISTENERS: list[Callable[[KeyedKernel, dict[str, Any]], None]] = []
+_TABLE: list[TunedTable | None] = [None]  # the process-wide table (use_table)
+_SERVING_ONLY = ("reset_to_zero", "restore_value")
+
+
+def capturing() -> bool:
+    """Is a CUDA graph being captured on the current stream? Nothing is tuned then."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def add_listener(fn: Callable[[KeyedKernel, dict[str, Any]], None]) -> None:
+    """Call ``fn(kernel, bucket_key)`` on every keyed call (:mod:`.record` uses it)."""
+    _LISTENERS.append(fn)
+
+
+def remove_listener(fn: Callable[[KeyedKernel, dict[str, Any]], None]) -> None:
+    _LISTENERS.remove(fn)
+
+
+def _params(fn: Callable[..., Any]) -> list[str] | None:
+    import inspect
+
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in ps):
+        return None
+    return [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _key_value(name: str, v: Any) -> Any:
+    """A key value as stored: ints for sizes (numpy and torch ints too), "float16" for a torch dtype."""
+    if isinstance(v, (bool, str)):
+        return v
+    if hasattr(v, "is_floating_point") and type(v).__module__ == "torch":  # torch.dtype
+        return str(v).removeprefix("torch.")
+    try:
+        if int(v) == v:
+            return int(v)
+    except (TypeError, ValueError):
+        pass
+    raise TypeError(f"key {name!r} has value {v!r} of type {type(v).__name__}; key values must be ints, strings, "
+                    "bools or torch dtypes")
+
+
+class KeyedKernel:
+    """A kernel tuned per key (see the module docstring). ``kk(*args)`` runs it; ``kk.tune(key)`` tunes a key.
+
+    * ``fn``: ``fn(**key, **config)`` returns a ``T.prim_func``; ``key`` names parameters of ``fn``.
+    * ``configs``: the candidates, a list of config dicts or ``configs(key) -> list`` (best guess first).
+    * ``key_of(*args) -> {name: value}``: the key of a call's arguments (needed to call ``kk(*args)``).
+    * ``buckets``: ``{name: "pow2" | list of edges | Buckets}`` for integer keys; others are exact.
+    * ``dynamic``: bucketed keys to compile symbolically (the kernel must handle any value in a bucket).
+    * ``default``: the fallback config, a dict or ``default(key) -> dict``; else ``configs(key)[0]``.
+    * ``name``: the kernel's name in tables and logs (default ``module.qualname`` of ``fn``).
+    * ``compile_args``/``tuning_args``: for ``AutoTuner.set_compile_args``/``set_tuning``; ``target``
+      and ``out_idx`` also decide how served kernels are compiled. ``warmup``, ``rep``: for ``run``.
+    * ``validate(key, config)``: reasons a config cannot run at that key (dropped before compiling).
+    """
+
+    def __init__(self, fn: Callable[..., Any], key: Sequence[str],
+                 configs: Sequence[Mapping[str, Any]] | Callable[[dict[str, Any]], Sequence[Mapping[str, Any]]], *,
+                 key_of: Callable[..., Mapping[str, Any]] | None = None, buckets: Mapping[str, Any] | None = None,
+                 dynamic: Iterable[str] = (), default: Any = None, name: str | None = None,
+                 compile_args: Mapping[str, Any] | None = None, tuning_args: Mapping[str, Any] | None = None,
+                 warmup: int = 3, rep: int = 20, tune_on_miss: bool = False,
+                 validate: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
+        from .tuner import AutoTuner
+
+        if not callable(fn):
+            raise TypeError(f"fn must be a kernel factory returning a T.prim_func, got {fn!r}")
+        if isinstance(key, str) or not all(isinstance(k, str) for k in key) or not key:
+            raise TypeError(f"key must be a non-empty list of parameter names such as ['M', 'N'], got {key!r}")
+        self.fn, self.key = fn, tuple(key)
+        params = _params(fn)
+        for k in self.key:
+            if params is not None and k not in params:
+                raise ValueError(f"key {k!r} is not a parameter of {self._fn_name()}; its parameters are {params}")
+        if len(set(self.key)) != len(self.key):
+            raise ValueError(f"key {list(key)} names a parameter twice")
+        self.buckets: dict[str, Buckets] = {}
+        for k, spec in (buckets or {}).items():
+            if k not in self.key:
+                raise ValueError(f"buckets names {k!r}, which is not in the key {list(self.key)}")
+            self.buckets[k] = as_buckets(k, spec)
+        self.dynamic = tuple(dynamic)
+        for k in self.dynamic:
+            if k not in self.buckets:
+                raise ValueError(f"dynamic key {k!r} must be bucketed (one symbolic kernel serves a bucket); add "
+                                 f"buckets={{{k!r}: 'pow2'}} or drop it from dynamic")
+        if not (callable(configs) or isinstance(configs, Sequence)) or isinstance(configs, (str, bytes)):
+            raise TypeError(f"configs must be a list of config dicts or a callable configs(key) -> list, "
+                            f"got {configs!r}")
+        for c in ([] if callable(configs) else configs):
+            clash = sorted(set(c) & set(self.key))
+            if clash:
+                raise ValueError(f"config {dict(c)!r} sets key parameter(s) {clash}; keys come from the call")
+        self.configs, self.key_of, self.default, self.validate = configs, key_of, default, validate
+        self.name = name or self._fn_name()
+        self.compile_args, self.tuning_args = dict(compile_args or {}), dict(tuning_args or {})
+        for k in _SERVING_ONLY:
+            if self.compile_args.get(k):
+                raise ValueError(f"compile_args {k}= is not supported by KeyedKernel: served kernels allocate their "
+                                 "outputs through TileLang (uninitialised); zero or restore them in the kernel")
+        # refuse bad settings now, not at the first tune: the same validators as AutoTuner's
+        AutoTuner(fn, [{}]).set_compile_args(**self.compile_args).set_tuning(**self.tuning_args)
+        self.warmup, self.rep, self.tune_on_miss = warmup, rep, tune_on_miss
+        self.table: TunedTable | None = None  # this kernel's own table; else the process-wide one
+        self.stats: Counter[str] = Counter()  # table / database / tuned / fallback keys, compiles
+        self._chosen: dict[tuple, tuple[dict[str, Any], str, float | None]] = {}
+        self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
+        self._untuned: dict[tuple, int] = {}
+        self._fast: dict[tuple, Any] = {}  # the call's own key values -> kernel, while nothing is recording
+        self._section: tuple[TunedTable, KernelSection | None] | None = None
+        self._source: str | None = None
+        self._target: Any = None
+        self._lock = threading.RLock()
+        _REGISTRY.add(self)
+
+    def _fn_name(self) -> str:
+        f = getattr(self.fn, "func", self.fn)
+        return f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', repr(f))}"
+
+    def __repr__(self) -> str:
+        return f"KeyedKernel({self.name!r}, key={list(self.key)})"
+
+    # ------------------------------------------------------------------ keys
+    def make_key(self, key: Mapping[str, Any]) -> dict[str, Any]:
+        """``key`` checked (exactly the key's names) and bucketed: bucketed values become their edge."""
+        return self._bucket(self._exact(key))
+
+    def _exact(self, key: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(key, Mapping) or len(key) != len(self.key) or any(k not in key for k in self.key):
+            got = sorted(key) if isinstance(key, Mapping) else key
+            raise ValueError(f"{self.name}: a key must have exactly the names {list(self.key)}, got {got!r}")
+        return {k: _key_value(k, key[k]) for k in self.key}
+
+    def _bucket(self, exact: dict[str, Any]) -> dict[str, Any]:
+        out = dict(exact)
+        for k, b in self.buckets.items():
+            out[k] = b.bucket(out[k])
+        return out
+
+    def source(self) -> str:
+        """A hash of the kernel factory (source, closures, globals it reads): a table's kernel identity."""
+        if self._source is None:
+            blob = json.dumps(function_fingerprint(self.fn, set(), 0), sort_keys=True, default=str)
+            self._source = hashlib.sha256(blob.encode()).hexdigest()
+        return self._source
+
+    # ------------------------------------------------------------------ serving
+    def __call__(self, *args: Any) -> Any:
+        if self.key_of is None:
+            raise TypeError(f"{self.name}: calling a KeyedKernel with arguments needs key_of=...; or call "
+                            "kernel_for(key)(*args)")
+        return self.kernel_for(self.key_of(*args))(*args)
+
+    def kernel_for(self, key: Mapping[str, Any]) -> Any:
+        """The compiled kernel for an exact ``key`` (compiling it on first use; never timing)."""
+        try:
+            raw = tuple(key[k] for k in self.key)
+            fast = self._fast.get(raw) if not _LISTENERS and len(key) == len(self.key) else None
+        except (KeyError, TypeError):  # a missing name or an unhashable value: the slow path says what is wrong
+            fast = raw = None
+        if fast is not None:
+            return fast
+        exact = self._exact(key)
+        b = self._bucket(exact)
+        for listener in list(_LISTENERS):
+            listener(self, b)
+        bt = tuple(b.values())
+        chosen = self._chosen.get(bt)
+        if chosen is None or chosen[1] == "fallback":
+            with self._lock:
+                chosen = self._chosen.get(bt) or self._choose(b)
+                if chosen[1] == "fallback":
+                    self._untuned[bt] = self._untuned.get(bt, 0) + 1
+        ck = tuple(b[k] if k in self.dynamic else exact[k] for k in self.key)
+        hit = self._compiled.get(ck)
+        if hit is not None and hit[0] is chosen[0]:
+            return hit[1]
+        with self._lock:
+            hit = self._compiled.get(ck)
+            if hit is None or hit[0] is not chosen[0]:
+                hit = (chosen[0], self._compile(exact, chosen[0]))
+                self._compiled[ck] = hit
+            if chosen[1] != "fallback" and raw is not None:  # fallback calls are counted: no fast path
+                self._fast[raw] = hit[1]
+        return hit[1]
+
+    def config_for(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        """``(config, where it came from)`` for ``key``, without compiling: table, database, tuned or fallback."""
+        b = self.make_key(key)
+        with self._lock:
+            chosen = self._chosen.get(tuple(b.values())) or self._choose(b)
+        return dict(chosen[0]), chosen[1]
+
+    def _choose(self, b: dict[str, Any]) -> tuple[dict[str, Any], str, float | None]:
+        bt = tuple(b.values())
+        table, section = self._table_section()
+        chosen: tuple[dict[str, Any], str, float | None] | None = None
+        if table is not None:
+            entry = section.lookup(b) if section is not None else None
+            if entry is not None:
+                chosen = (self._checked(entry, b, table), "table", entry.latency_ms)
+        else:
+            stored = self._stored(b)
+            if stored is not None:
+                chosen = (stored[0], "database", stored[1])
+            elif self.tune_on_miss and not capturing():
+                self.tune(b)
+                return self._chosen[bt]
+            elif self.tune_on_miss:
+                logger.info("%s: not tuning %s inside CUDA-graph capture; using the fallback", self.name, b)
+        if chosen is None:
+            chosen = (self._fallback(b), "fallback", None)
+            logger.info("%s: no tuned config for %s; using the fallback %s without timing (listed by "
+                        "autotuner.untuned(); tune offline with autotuner.record())", self.name, b,
+                        config_label(chosen[0]))
+        self.stats[chosen[1]] += 1
+        self._chosen[bt] = chosen
+        return chosen
+
+    def _checked(self, entry: Entry, b: dict[str, Any], table: TunedTable) -> dict[str, Any]:
+        try:
+            return normalize_configs(functools.partial(self.fn, **b), [entry.config])[0]
+        except (TypeError, ValueError) as e:
+            raise TableError(f"{table.path}: the config for {self.name} at {b} is not one the kernel takes: {e}") from e
+
+    def _table_section(self) -> tuple[TunedTable | None, KernelSection | None]:
+        table = self.table or _TABLE[0]
+        if table is None:
+            return None, None
+        if self._section is None or self._section[0] is not table:
+            section = table.kernels.get(self.name)
+            if section is not None:
+                section.check(self.source(), self.key, {k: b.edges for k, b in self.buckets.items()})
+            else:
+                logger.info("%s: the table %s has no section for this kernel; every key uses the fallback",
+                            self.name, table.path)
+            self._section = (table, section)
+        return self._section
+
+    def _compile(self, exact: dict[str, Any], config: dict[str, Any]) -> Any:
+        import tilelang
+        import tilelang.language as T
+
+        shape = {k: T.dynamic(k) if k in self.dynamic else exact[k] for k in self.key}
+        kwargs, own = split_config(config)
+        self.stats["compiles"] += 1
+        return tilelang.compile(self.fn(**shape, **kwargs), out_idx=self.compile_args.get("out_idx"),
+                                target=self.target().spec,
+                                pass_configs=merge_pass_configs(self.compile_args.get("pass_configs"), own))
+
+    def target(self) -> Any:
+        """The resolved target (``compile_args["target"]``, default "auto"), resolved once."""
+        if self._target is None:
+            from .target import resolve_target
+
+            self._target = resolve_target(self.compile_args.get("target", "auto"))
+        return self._target
+
+    # ------------------------------------------------------------------ candidates, database, tuning
+    def candidates(self, b: dict[str, Any]) -> list[dict[str, Any]]:
+        raw = self.configs(dict(b)) if callable(self.configs) else self.configs
+        return normalize_configs(functools.partial(self.fn, **b), [getattr(c, "to_dict", lambda c=c: c)() for c in raw])
+
+    def _fallback(self, b: dict[str, Any]) -> dict[str, Any]:
+        d = self.default(dict(b)) if callable(self.default) else self.default
+        cfg = self.candidates(b)[0] if d is None else d
+        return normalize_configs(functools.partial(self.fn, **b), [getattr(cfg, "to_dict", lambda: cfg)()])[0]
+
+    def tuner(self, key: Mapping[str, Any]) -> Any:
+        """The configured ``AutoTuner`` for ``key``'s bucket (tuned at the bucket's edge)."""
+        from .tuner import AutoTuner
+
+        b = self.make_key(key)
+        validate = functools.partial(self.validate, dict(b)) if self.validate else None
+        return (AutoTuner.from_kernel(functools.partial(self.fn, **b), self.candidates(b), validate)
+                .set_compile_args(**self.compile_args).set_tuning(**self.tuning_args))
+
+    def _stored(self, b: dict[str, Any]) -> tuple[dict[str, Any], float | None] | None:
+        tuner = self.tuner(b)
+        if not tuner.run_settings.cache:
+            return None
+        db = TuningDB(tuner.run_settings.db_path)
+        try:
+            stored = db.finished_run(tuner.cache_key(self.warmup, self.rep))
+        except DamagedRow as e:
+            logger.warning("%s: ignoring a damaged tuning-database row for %s (%s)", self.name, b, e)
+            return None
+        finally:
+            db.close()
+        if stored is None or stored.best_config not in tuner.configs:
+            return None
+        return stored.best_config, stored.best_latency_ms
+
+    def tune(self, key: Mapping[str, Any]) -> Any:
+        """Tune ``key``'s bucket (the database makes a tuned key a warm hit) and serve the winner in this
+        process from now on. Refused inside CUDA-graph capture. Returns the ``TuneResult``."""
+        if capturing():
+            raise TuningError(f"{self.name}: refusing to tune {dict(key)} while a CUDA graph is being captured; "
+                              "tune before capture (autotuner.record, then Recording.tune)")
+        b = self.make_key(key)
+        result = self.tuner(b).run(self.warmup, self.rep)
+        with self._lock:
+            self._chosen[tuple(b.values())] = (result.config, "tuned", result.latency)
+            self._untuned.pop(tuple(b.values()), None)
+            self._fast.clear()
+            self.stats["tuned"] += 1
+        return result
+
+    # ------------------------------------------------------------------ tables
+    def use_table(self, table: TunedTable | str | Any, allow: bool | Iterable[str] = ()) -> TunedTable:
+        """Serve from ``table`` (a path or a loaded table), checked against this kernel now."""
+        t = table if isinstance(table, TunedTable) else load_table(table, self.compile_args.get("target", "auto"),
+                                                                  allow)
+        with self._lock:
+            self.table, self._section = t, None
+            self._forget()
+            self._table_section()
+        return t
+
+    def _forget(self) -> None:
+        self._fast.clear()
+        self._chosen.clear()
+        self._untuned.clear()
+
+    def section(self, keys: Iterable[Mapping[str, Any]] | None = None) -> KernelSection:
+        """This kernel's table section for ``keys`` (default: every key met in this process): each key's
+        winner as served (tuned, table) or stored in the database; keys with neither are left out."""
+        bs = [self.make_key(k) for k in keys] if keys is not None else [dict(zip(self.key, bt)) for bt in self._chosen]
+        entries, seen = [], set()
+        for b in bs:
+            bt = tuple(b.values())
+            if bt in seen:
+                continue
+            seen.add(bt)
+            chosen = self._chosen.get(bt)
+            if chosen is not None and chosen[1] != "fallback":
+                entries.append(Entry(b, chosen[0], chosen[2]))
+                continue
+            stored = self._stored(b)
+            if stored is None:
+                logger.info("%s: %s has no tuned config; left out of the table", self.name, b)
+            else:
+                entries.append(Entry(b, stored[0], stored[1]))
+        return KernelSection(self.name, self.source(), self.key, {k: b.edges for k, b in self.buckets.items()},
+                             tuple(entries))
+
+    def untuned(self) -> list[tuple[dict[str, Any], int]]:
+        """Keys served by the fallback in this process, with how many calls each served."""
+        return [(dict(zip(self.key, bt)), n) for bt, n in self._untuned.items()]
+
+
+def keyed_kernel(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:
+    """Decorator form: ``@keyed_kernel(["M", "N"], configs, key_of=...)`` over a kernel factory."""
+    return lambda fn: KeyedKernel(fn, key, configs, **kwargs)
+
+
+def use_table(table: TunedTable | str | Any | None, target: Any = "auto",
+              allow: bool | Iterable[str] = ()) -> TunedTable | None:
+    """Serve every keyed kernel of this process from ``table`` (a path or a loaded table; ``None``
+    stops). It is checked now against the kernels that exist (and later ones on their first call)."""
+    t = None if table is None else table if isinstance(table, TunedTable) else load_table(table, target, allow)
+    _TABLE[0] = t
+    for kk in list(_REGISTRY):
+        with kk._lock:
+            kk._section = None
+            kk._forget()
+            if t is not None and kk.table is None:
+                kk._table_section()
+    return t
+
+
+def untuned() -> list[tuple[str, dict[str, Any], int]]:
+    """Every ``(kernel name, bucket key, calls)`` served by the fallback in this process."""
+    return [(kk.name, k, n) for kk in list(_REGISTRY) for k, n in kk.untuned()]

@@ -1,0 +1,79 @@
+"""Recording: collect every (kernel, key) a forward pass meets, then tune them all offline.
+
+>>> with autotuner.record() as rec:
+...     model(x)                       # served by tables/fallbacks as usual; every key is noted
+>>> rec.tune("model-h200.json")        # tunes each key (one device, one after another), writes a table
+
+The table is then shipped with the model and loaded with :func:`autotuner.use_table` (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from . import keyed
+from .errors import TuningError
+from .keyed import KeyedKernel, add_listener, remove_listener
+from .table import write_table
+
+__all__ = ["Recording", "record"]
+
+logger = logging.getLogger(__name__)
+
+
+class Recording:
+    """The (kernel, bucket key) pairs met while recording, in the order first met."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, tuple], tuple[KeyedKernel, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def _note(self, kernel: KeyedKernel, key: dict[str, Any]) -> None:
+        ident = (id(kernel), tuple(key.values()))
+        if ident not in self.seen:
+            with self._lock:
+                self.seen.setdefault(ident, (kernel, dict(key)))
+
+    @property
+    def keys(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(kernel name, bucket key)`` for everything recorded."""
+        return [(k.name, dict(key)) for k, key in self.seen.values()]
+
+    def kernels(self) -> list[KeyedKernel]:
+        return list({id(k): k for k, _ in self.seen.values()}.values())
+
+    def tune(self, path: str | os.PathLike[str] | None = None) -> Path | None:
+        """Tune every recorded key (stored winners are warm hits) and, given ``path``, write their table.
+        Refused inside CUDA-graph capture. Kernels in one table must share one target."""
+        if keyed.capturing():
+            raise TuningError("refusing to tune while a CUDA graph is being captured; call Recording.tune "
+                              "outside the capture")
+        kernels = self.kernels()
+        targets = {str(k.target().spec) for k in kernels}
+        if path is not None and len(targets) > 1:
+            raise ValueError(f"the recorded kernels compile for different targets {sorted(targets)}; one table "
+                             "holds one target: record them separately")
+        for i, (kernel, key) in enumerate(self.seen.values()):
+            logger.info("tuning %d/%d: %s at %s", i + 1, len(self.seen), kernel.name, key)
+            kernel.tune(key)
+        if path is None or not kernels:
+            return None
+        sections = [k.section([key for kk, key in self.seen.values() if kk is k]) for k in kernels]
+        return write_table(path, sections, kernels[0].target())
+
+
+@contextmanager
+def record() -> Iterator[Recording]:
+    """Collect the keys keyed kernels meet inside the ``with`` block (from every thread)."""
+    rec = Recording()
+    add_listener(rec._note)
+    try:
+        yield rec
+    finally:
+        remove_listener(rec._note)

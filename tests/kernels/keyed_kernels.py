@@ -1,0 +1,41 @@
+"""A kernel for the keyed-tuning tests (tests/test_keyed.py) on TileLang's C target: C = 2*A + B for
+an (M, N) problem. Every store is guarded, so one config serves any M, static or symbolic
+(``T.dynamic``). TileLang reads kernels through inspect, so it lives in a file."""
+
+import tilelang.language as T
+
+
+def scale_add(M, N, block_M: int = 32, block_N: int = 32, dtype: str = "float32"):
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                if by * block_M + i < M and bx * block_N + j < N:
+                    C[by * block_M + i, bx * block_N + j] = (A[by * block_M + i, bx * block_N + j] * 2
+                                                             + B[by * block_M + i, bx * block_N + j])
+
+    return main
+
+
+def ref_scale_add(A, B):
+    return A * 2 + B
+
+
+def key_of(A, B):
+    return {"M": A.shape[0], "N": A.shape[1], "dtype": A.dtype}
+
+
+CONFIGS = [{"block_M": 16, "block_N": 64}, {"block_M": 64, "block_N": 64}]
+EDGES = [8, 64]
+
+
+def make_keyed(db_path=None, target="c", **kwargs):
+    """The keyed kernel the tests (and their fresh subprocesses) build: M bucketed at 8 and 64."""
+    from autotuner import KeyedKernel
+
+    kwargs.setdefault("dynamic", ["M"])
+    kwargs.setdefault("configs", CONFIGS)
+    tuning = {"n_jobs": 2, "progress": False, **({"db_path": str(db_path)} if db_path else {})}
+    return KeyedKernel(scale_add, ["M", "N", "dtype"], key_of=key_of, buckets={"M": EDGES},
+                       compile_args={"out_idx": [-1], "ref_prog": ref_scale_add, "target": target},
+                       tuning_args=tuning, warmup=1, rep=3, **kwargs)

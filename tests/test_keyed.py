@@ -1,0 +1,304 @@
+"""Keyed, bucketed tuning, tuned tables and recording (autotuner/keyed.py, table.py, record.py, buckets.py)
+end to end on TileLang's C target. One module fixture records and tunes two buckets (4 compiles);
+the other tests reuse its database and table, and TileLang's disk cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from kernels.keyed_kernels import CONFIGS, make_keyed, scale_add
+
+import autotuner
+from autotuner import Buckets, KeyedKernel, TableError, TuningError, load_table, record, use_table, write_table
+from autotuner.buckets import as_buckets
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+NAME = "kernels.keyed_kernels.scale_add"
+
+
+def args(m: int, n: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(m, n), torch.randn(m, n)
+
+
+def key(m: int, n: int = 64) -> dict:
+    return {"M": m, "N": n, "dtype": "float32"}
+
+
+@pytest.fixture(autouse=True)
+def _no_global_table():
+    yield
+    use_table(None)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """Record three calls (M=3 and 5 fall in bucket 8, M=40 in bucket 64), tune both buckets, write a table."""
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tilelang-cache"))
+    d = tmp_path_factory.mktemp("keyed")
+    kk = make_keyed(d / "tuning.sqlite")
+    with record() as rec:
+        for m in (3, 5, 40):
+            a, b = args(m)
+            torch.testing.assert_close(kk(a, b), a * 2 + b)  # served by the fallback before tuning
+    path = rec.tune(d / "table.json")
+    return SimpleNamespace(dir=d, kk=kk, rec=rec, path=path, db=d / "tuning.sqlite")
+
+
+# ------------------------------------------------------------------------------------ buckets, keys
+def test_bucket_edges_and_representatives():
+    b = Buckets((1, 16, 128))
+    assert [b.bucket(v) for v in (1, 2, 16, 17, 128, 129, 10**6)] == [1, 16, 16, 128, 128, 128, 128]
+    p = Buckets.pow2(max=8192)
+    assert p.edges[:4] == (1, 2, 4, 8) and p.edges[-1] == 8192 and len(p.edges) == 14
+    assert (p.bucket(100), p.bucket(128), p.bucket(129), p.bucket(8193)) == (128, 128, 256, 8192)
+    assert Buckets.pow2(max=100).edges[-2:] == (64, 100)
+    assert as_buckets("M", "pow2") == as_buckets("M", True) == Buckets.pow2()
+    assert as_buckets("M", [4, 8]) == Buckets((4, 8))
+    with pytest.raises(ValueError, match="strictly increasing, got 4 then 2"):
+        Buckets((4, 2))
+    with pytest.raises(ValueError, match="empty"):
+        Buckets(())
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="positive int"):
+            b.bucket(bad)
+    with pytest.raises(TypeError, match=r"buckets\['M'\].*pow2"):
+        as_buckets("M", "cubes")
+
+
+def test_the_bucket_is_tuned_at_its_edge():
+    kk = make_keyed()
+    assert kk.make_key(key(5)) == key(8) and kk.make_key(key(9)) == key(64) and kk.make_key(key(500)) == key(64)
+    assert kk.tuner(key(5)).fn.keywords == key(8)  # the tuner elaborates the kernel at M = 8
+    assert kk.make_key({"M": 3, "N": 64, "dtype": torch.float32}) == key(8)  # torch dtypes become names
+
+
+def test_keys_are_checked_up_front():
+    with pytest.raises(ValueError, match=r"key 'K' is not a parameter of .*scale_add; its parameters are "
+                                         r"\['M', 'N', 'block_M', 'block_N', 'dtype'\]"):
+        KeyedKernel(scale_add, ["M", "K"], CONFIGS)
+    with pytest.raises(ValueError, match="buckets names 'N', which is not in the key"):
+        KeyedKernel(scale_add, ["M"], CONFIGS, buckets={"N": "pow2"})
+    with pytest.raises(ValueError, match="dynamic key 'N' must be bucketed"):
+        KeyedKernel(scale_add, ["M", "N"], CONFIGS, dynamic=["N"])
+    with pytest.raises(ValueError, match=r"sets key parameter\(s\) \['M'\]"):
+        KeyedKernel(scale_add, ["M"], [{"M": 4, "block_M": 16}])
+    with pytest.raises(ValueError, match="atol must be >= 0"):
+        KeyedKernel(scale_add, ["M"], CONFIGS, compile_args={"atol": -1.0})
+    kk = make_keyed()
+    with pytest.raises(ValueError, match=r"exactly the names \['M', 'N', 'dtype'\], got \['M'\]"):
+        kk.make_key({"M": 3})
+    with pytest.raises(ValueError, match="positive int, got 0"):
+        kk.make_key(key(0))
+
+
+# ------------------------------------------------------------------------------------ serving
+def test_fallback_is_logged_once_per_key_counted_and_never_timed(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("something was tuned"))
+    kk = make_keyed(tmp_path / "db.sqlite")
+    with caplog.at_level(logging.INFO, logger="autotuner.keyed"):
+        for m in (3, 5, 40, 7):
+            a, b = args(m)
+            torch.testing.assert_close(kk(a, b), a * 2 + b)
+    logged = [r.getMessage() for r in caplog.records if "no tuned config" in r.getMessage()]
+    assert len(logged) == 2 and "{'M': 8, 'N': 64, 'dtype': 'float32'}" in logged[0], logged
+    assert kk.stats["fallback"] == 2 and kk.stats["compiles"] == 2  # dynamic M: one kernel per bucket
+    assert sorted(kk.untuned(), key=lambda x: x[0]["M"]) == [(key(8), 3), (key(64), 1)]
+    assert (NAME, key(8), 3) in autotuner.untuned()
+    assert kk.config_for(key(3)) == (CONFIGS[0], "fallback")
+    runs = sqlite3.connect(tmp_path / "db.sqlite").execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert runs == 0
+
+
+def test_a_key_that_is_not_dynamic_is_compiled_per_exact_value(tmp_path):
+    kk = make_keyed(tmp_path / "db.sqlite", dynamic=[])
+    for m in (3, 5, 3):
+        a, b = args(m)
+        torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert kk.stats["compiles"] == 2 and kk.stats["fallback"] == 1
+    assert [int(x) for x in kk.kernel_for(key(5)).params[0].shape] == [5, 64]
+
+
+def test_record_collects_each_bucket_key_once(tuned):
+    assert tuned.rec.keys == [(NAME, key(8)), (NAME, key(64))]
+    assert tuned.kk.stats["tuned"] == 2 and tuned.kk.untuned() == []
+    assert tuned.kk.config_for(key(5))[1] == "tuned"
+
+
+def test_the_database_serves_a_tuned_key_without_tuning(tuned, monkeypatch):
+    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("something was tuned"))
+    fresh = make_keyed(tuned.db)
+    assert fresh.config_for(key(3)) == (tuned.kk.config_for(key(3))[0], "database")
+    assert fresh.stats["database"] == 1 and fresh.stats["compiles"] == 0
+
+
+# ------------------------------------------------------------------------------------ tables
+def test_table_round_trip(tuned, tmp_path):
+    t = load_table(tuned.path, target="c")
+    assert (t.gpu, t.tilelang) == ("cpu", __import__("tilelang").__version__)
+    s = t.kernels[NAME]
+    assert s.key == ("M", "N", "dtype") and s.buckets == {"M": (8, 64)}
+    assert [e.key for e in s.entries] == [key(8), key(64)]
+    for e in s.entries:
+        assert e.config == tuned.kk.config_for(e.key)[0] and e.latency_ms > 0
+    text = tuned.path.read_text()
+    rows = [json.loads(line.strip().rstrip(",")) for line in text.splitlines() if '"latency_ms"' in line]
+    assert len(rows) == 2  # one entry per line
+    again = write_table(tmp_path / "again.json", t.kernels.values(), tuned.kk.target())
+    assert load_table(again, target="c").kernels[NAME].entries == s.entries
+
+
+def _mutated(tuned, tmp_path, change) -> Path:
+    doc = json.loads(tuned.path.read_text())
+    change(doc)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc) if isinstance(doc, dict) else doc)
+    return p
+
+
+def _section(doc):
+    return doc["kernels"][NAME]
+
+
+REFUSED_AT_LOAD = [
+    (lambda d: d.update(gpu="NVIDIA H100"), "field 'gpu' is 'NVIDIA H100' but here it is 'cpu'"),
+    (lambda d: d.update(tilelang="0.0.1"), "field 'tilelang' is '0.0.1' but here it is"),
+    (lambda d: d.update(target="cuda -arch=sm_90a"), "field 'target' is 'cuda -arch=sm_90a'"),
+    (lambda d: d.update(format="other/2"), "field 'format' is 'other/2'"),
+    (lambda d: d.pop("kernels"), "field 'kernels' is missing"),
+    (lambda d: _section(d)["entries"][0].update(latency_ms=-1), r"entries\[0\].latency_ms is -1"),
+    (lambda d: _section(d)["entries"][0]["key"].update(M=9), r"key.M is 9, which is not one of its bucket edges"),
+    (lambda d: _section(d)["entries"][0]["key"].pop("N"), r"entries\[0\].key has names \['M', 'dtype'\]"),
+    (lambda d: _section(d)["entries"].append(_section(d)["entries"][0]), r"entries\[2\] repeats the key"),
+    (lambda d: _section(d)["entries"][1].update(config=[1]), r"entries\[1\]: field 'config' is \[1\]"),
+]
+
+
+@pytest.mark.parametrize("change,message", REFUSED_AT_LOAD)
+def test_a_bad_table_is_refused_naming_file_field_and_mismatch(tuned, tmp_path, change, message):
+    bad = _mutated(tuned, tmp_path, change)
+    with pytest.raises(TableError, match=message) as e:
+        load_table(bad, target="c")
+    assert str(bad) in str(e.value)
+
+
+def test_malformed_json_and_allowed_mismatches(tuned, tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text(tuned.path.read_text()[:-20])
+    with pytest.raises(TableError, match=f"{broken}: not JSON"):
+        load_table(broken, target="c")
+    other_gpu = _mutated(tuned, tmp_path, lambda d: d.update(gpu="NVIDIA H100"))
+    assert load_table(other_gpu, target="c", allow=["gpu"]).gpu == "NVIDIA H100"
+    with pytest.raises(ValueError, match="allow names"):
+        load_table(other_gpu, target="c", allow=["colour"])
+
+
+def test_a_table_for_another_key_buckets_or_source_is_refused_when_used(tuned, tmp_path):
+    def other_key(d):
+        s = _section(d)
+        s["key"] = ["M", "N"]
+        for e in s["entries"]:
+            e["key"].pop("dtype")
+    for change, msg in ((other_key, r"kernels.kernels.keyed_kernels.scale_add.key is \['M', 'N'\] but the "
+                                    r"kernel's key is \['M', 'N', 'dtype'\]"),
+                        (lambda d: _section(d).update(buckets={"M": [8, 64, 512]}),
+                         r"buckets is \{'M': \[8, 64, 512\]"),
+                        (lambda d: _section(d).update(source="0" * 64), "source is 0000000000000000 but")):
+        bad = _mutated(tuned, tmp_path, change)
+        with pytest.raises(TableError, match=msg) as e:
+            make_keyed().use_table(load_table(bad, target="c"))
+        assert str(bad) in str(e.value)
+    kk = make_keyed()
+    kk.use_table(load_table(bad, target="c", allow=["source"]))  # the last one: another source, allowed
+    assert kk.config_for(key(3))[1] == "table"
+
+
+def test_a_loaded_table_is_authoritative_and_deterministic(tuned, tmp_path):
+    """Two loaders (two ranks) given the same table pick the same configs and build the same kernels; a
+    key the table lacks uses the fallback, not the database."""
+    table = load_table(tuned.path, target="c")
+    ranks = [make_keyed(tuned.db), make_keyed(tmp_path / "other.sqlite")]
+    for kk in ranks:
+        kk.use_table(table)
+    for m in (3, 40):
+        configs = {json.dumps(kk.config_for(key(m)), sort_keys=True) for kk in ranks}
+        assert len(configs) == 1 and "table" in configs.pop()
+        sources = {kk.kernel_for(key(m)).get_kernel_source() for kk in ranks}
+        assert len(sources) == 1
+    assert ranks[0].config_for(key(3, 32)) == (CONFIGS[0], "fallback")  # not in the table: no database lookup
+    first = ranks[0].kernel_for(key(3))
+    assert ranks[0].kernel_for(key(3)) is first  # the fast path
+    with record() as rec:
+        assert ranks[0].kernel_for(key(3)) is first
+    assert rec.keys == [(NAME, key(8))]  # a recording still sees calls the fast path would serve
+
+
+def test_a_fresh_process_serves_the_table_without_timing(tuned, tmp_path):
+    cache = tmp_path / "fresh-cache"
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import torch, autotuner
+        autotuner.AutoTuner.run = lambda *a, **k: sys.exit("tuned in a fresh process")
+        from kernels.keyed_kernels import make_keyed, key_of
+        kk = make_keyed()
+        autotuner.use_table({str(tuned.path)!r}, target="c")
+        out = {{}}
+        for m, n in ((5, 64), (33, 64), (40, 64), (3, 32)):
+            a, b = torch.randn(m, n), torch.randn(m, n)
+            assert torch.allclose(kk(a, b), a * 2 + b)
+            out[f"{{m}}x{{n}}"] = kk.config_for(key_of(a, b))
+        print(json.dumps({{"configs": out, "stats": dict(kk.stats), "untuned": autotuner.untuned()}}))
+    """)
+    env = {**os.environ, "TILECARVE_CACHE_DIR": str(cache)}
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    table = {tuple(e.key.values()): e.config for e in load_table(tuned.path, target="c").kernels[NAME].entries}
+    assert got["configs"]["5x64"] == [table[(8, 64, "float32")], "table"]
+    assert got["configs"]["33x64"] == got["configs"]["40x64"] == [table[(64, 64, "float32")], "table"]
+    assert got["configs"]["3x32"] == [CONFIGS[0], "fallback"]
+    assert got["stats"]["table"] == 2 and got["stats"]["fallback"] == 1 and "tuned" not in got["stats"]
+    assert got["untuned"] == [[NAME, key(8, 32), 1]]
+    assert not (cache / "tuning.sqlite").exists()  # the database was never opened, let alone written
+
+
+# ------------------------------------------------------------------------------------ tuning policy
+def test_no_tuning_inside_cuda_graph_capture(tmp_path, monkeypatch):
+    assert autotuner.keyed.capturing() is False  # no GPU here
+    monkeypatch.setattr(autotuner.keyed, "capturing", lambda: True)
+    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("tuned during capture"))
+    kk = make_keyed(tmp_path / "db.sqlite", tune_on_miss=True)
+    with pytest.raises(TuningError, match="CUDA graph is being captured"):
+        kk.tune(key(3))
+    assert kk.config_for(key(3)) == (CONFIGS[0], "fallback")
+    with record() as rec:
+        kk.kernel_for(key(3))
+    with pytest.raises(TuningError, match="CUDA graph"):
+        rec.tune(tmp_path / "t.json")
+
+
+def test_tune_on_miss_tunes_once_and_stores_the_winner(tmp_path):
+    kk = make_keyed(tmp_path / "db.sqlite", tune_on_miss=True, configs=CONFIGS[:1])
+    assert kk.config_for(key(3)) == (CONFIGS[0], "tuned")
+    assert kk.config_for(key(5)) == (CONFIGS[0], "tuned") and kk.stats["tuned"] == 1
+    assert make_keyed(tmp_path / "db.sqlite", configs=CONFIGS[:1]).config_for(key(7))[1] == "database"
+
+
+@pytest.mark.nvcc
+def test_a_dynamic_key_compiles_one_cuda_kernel_per_bucket():
+    kk = make_keyed(target={"kind": "cuda", "arch": "sm_90a"})
+    k = kk.kernel_for(key(5))
+    assert kk.kernel_for(key(3)) is k and kk.stats["compiles"] == 1
+    assert "int M" in k.get_kernel_source()  # M is a runtime argument of the CUDA kernel
