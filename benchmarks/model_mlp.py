@@ -197,6 +197,10 @@ def main() -> int:
         save()
     elif args.table:
         res["tune"] = {"table": args.table}
+    if "table" in res.get("tune", {}):  # speed and compile run the deployed path: the table, loaded
+        import autotuner
+
+        autotuner.use_table(res["tune"]["table"])
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     steps = (("serve", lambda: phase_serve(res, args, env)), ("speed", lambda: phase_speed(res, args, deadline)),
              ("compile", lambda: phase_compile(res, args)))
