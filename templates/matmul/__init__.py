@@ -19,6 +19,9 @@ module). Files:
     from templates import matmul as mm
     k = mm.tune(4096, 4096, 4096, dtype="float16", topk=8)        # loose arguments, as before
     k = mm.MATMUL.tune(mm.MatmulProblem(4096, 4096, 4096), TuneOptions(topk=8))   # the typed form
+
+``op.py`` -- the drop-in op (``matmul(x, weight, bias)``, ``Linear``, ``torch.ops.tilecarve.matmul``):
+imported on first use of ``templates.matmul.Linear`` or ``.matmul`` (it imports torch).
 """
 
 from carver.validity import WARP_POLICIES, split_k_limit
@@ -55,6 +58,17 @@ from .space import (
     validate,
 )
 
+_OP_NAMES = ("Linear", "matmul")
+
+
+def __getattr__(name: str):  # the op imports torch: only when asked for (STYLE.md 2)
+    if name in _OP_NAMES:
+        from . import op
+
+        return getattr(op, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "ACCUM_DTYPES",
     "AUTO_WS",
@@ -62,6 +76,7 @@ __all__ = [
     "CUDAUnavailableError",
     "EXTRA_DEFAULTS",
     "IN_DTYPES",
+    "Linear",
     "MATMUL",
     "OUT_DTYPES",
     "PASS_CONFIGS_KEY",
@@ -81,6 +96,7 @@ __all__ = [
     "hopper_variants",
     "kernel",
     "make_problem",
+    "matmul",
     "normalize_config",
     "ref_program",
     "separate_c_smem_bytes",

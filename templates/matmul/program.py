@@ -31,13 +31,18 @@ from carver.validity import require_matmul_config
 from .config import CONFIG_KEYS, MatmulConfig, MatmulProblem, k_per_split, make_problem
 
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
-    from tvm.tirx import PrimFunc
+    from tvm.tirx import PrimFunc, Var
 
 __all__ = ["kernel", "program"]
 
 
-def program(problem: MatmulProblem, config: MatmulConfig) -> "PrimFunc":
+def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = None) -> "PrimFunc":
     """Build the GEMM ``T.prim_func`` for one config (nothing is compiled here).
+
+    ``M_var``: a symbolic M (``T.dynamic("M")``) to compile for instead of ``problem.M``, so that one
+    kernel serves every M (the drop-in op, ``templates/matmul/op.py``, compiles one per bucket of M);
+    ``problem.M`` then only stands in for it in the rules. Partial M tiles are safe on every path: TMA
+    and predicated copies zero-fill loads and skip stores past M, and the split-K sum guards its rows.
 
     Everything the program depends on is in this one function body, on purpose: the autotuner keys its
     cache on this function's source plus the values bound to it, so an edit to the program must be an
@@ -50,6 +55,8 @@ def program(problem: MatmulProblem, config: MatmulConfig) -> "PrimFunc":
     # values were checked when it was made, the problem's when it was).
     require_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
     M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
+    if M_var is not None:
+        M = M_var
     in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
     block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
         persistent = (getattr(config, k) for k in CONFIG_KEYS)
@@ -65,8 +72,8 @@ def program(problem: MatmulProblem, config: MatmulConfig) -> "PrimFunc":
         # warpgroup loads the next tile's first stages while the consumers store this tile's C, so the
         # epilogue and the pipeline fill stop costing a full tile each. No shared buffer is reused
         # across tiles, so C's staging tile sits beside the A/B stages (see `separate_c_smem_bytes`).
-        m_tiles, n_tiles = math.ceil(M / block_M), math.ceil(N / block_N)
-        waves = math.ceil(m_tiles * n_tiles / persistent)
+        m_tiles, n_tiles = math.ceil(M / block_M) if M_var is None else T.ceildiv(M, block_M), math.ceil(N / block_N)
+        waves = math.ceil(m_tiles * n_tiles / persistent) if M_var is None else T.ceildiv(m_tiles * n_tiles, persistent)
         swizzle = panel_size if enable_rasterization else 1
 
         @T.prim_func

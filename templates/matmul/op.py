@@ -1,0 +1,276 @@
+"""The drop-in op: ``matmul(x, weight, bias)`` and :class:`Linear`, a ``torch.nn.Linear`` whose fp16/bf16
+CUDA forward runs tuned, bucketed TileLang kernels.
+
+``y = x @ weight.T (+ bias)``, every leading dim of ``x`` flattened into the token count M. Two keyed
+kernels (:class:`autotuner.KeyedKernel`, key ``M, N, K, dtype``) serve it:
+
+* ``tilecarve.matmul`` for M > ``gemv_max_m`` (16): this family's GEMM, M bucketed in powers of two
+  and compiled with a symbolic M (``T.dynamic``): one kernel per bucket serves every M in it (the
+  program's loads and stores are bounded by M on every path, ``program.py``);
+* ``tilecarve.matmul.gemv`` for 1 <= M <= 16, the decode path: ``templates.gemv``'s kernels, buckets
+  1, 2, 4, 8, 16, compiled per exact M (its SIMT program unrolls over M) from the bucket's config.
+
+Configs come from a loaded table, else the tuning database, else the carver's top-1 (logged once per
+key): the op never tunes by itself, so nothing is timed inside a forward pass or a CUDA-graph capture.
+Tune offline with ``autotuner.record()`` and ``Recording.tune`` (docs/deploy.md). Anything the kernels
+do not take (CPU tensors, fp32, mixed dtypes, a non-contiguous weight, shapes the carver's rules
+refuse) goes to ``torch.nn.functional.linear``, said once per reason at INFO.
+
+The GPU path is the custom op ``torch.ops.tilecarve.matmul`` with a fake implementation and an
+autograd formula (the backward is torch's), so ``torch.compile`` traces a model using it without a
+graph break and training still works.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from autotuner import Buckets, KeyedKernel
+from carver.templates import GEMV_MAX_M
+from templates.config import check_config_dict
+from templates.gemv.api import GEMV
+from templates.gemv.config import GemvConfig, GemvProblem
+from templates.gemv.program import kernel as gemv_kernel
+
+from .api import MATMUL
+from .config import MatmulConfig, make_problem
+from .program import program
+from .reference import ref_program
+
+__all__ = ["GEMM_NAME", "GEMV_EDGES", "GEMV_NAME", "KEY", "Linear", "MatmulOp", "configure", "gemm", "get_op", "matmul"]
+
+logger = logging.getLogger(__name__)
+
+KEY = ("M", "N", "K", "dtype")
+GEMM_NAME, GEMV_NAME = "tilecarve.matmul", "tilecarve.matmul.gemv"
+#: The GEMV kernel's buckets of M (tokens decoded together); above the last, the GEMM serves.
+GEMV_EDGES = (1, 2, 4, 8, GEMV_MAX_M)
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def gemm(M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, block_K: int, num_stages: int,
+         thread_num: int, enable_rasterization: bool, panel_size: int = 10, split_k: int = 1,
+         warp_policy: str = "square", persistent: int = 0) -> Any:
+    """The op's GEMM factory: ``y = x @ W.T``, x ``(M, K)``, W ``(N, K)``, y ``(M, N)``, all ``dtype``.
+    ``M`` is an int or a symbolic ``T.dynamic("M")``; then M = 1 stands in for it in the carver's rules
+    (the config was checked at its bucket's edge when it was tuned)."""
+    symbolic = not isinstance(M, int)
+    problem = make_problem(1 if symbolic else M, N, K, dtype)
+    config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
+                          thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
+                          split_k=split_k, warp_policy=warp_policy, persistent=persistent)
+    return program(problem, config, M_var=M if symbolic else None)
+
+
+class MatmulOp:
+    """The op's two keyed kernels and settings (one per process: :func:`get_op`, :func:`configure`).
+
+    * ``topk``: carver candidates measured per key when tuning (plus the family's variants);
+    * ``gemv_max_m``: M up to this goes to the GEMV kernels (0: the GEMM serves every M);
+    * ``dynamic``: compile the GEMM with a symbolic M, one kernel per bucket (False: one per exact M);
+    * ``target``: "auto" (the local GPU) or a compile-only CUDA target such as "sm_90a";
+    * ``tuning_args``: for ``AutoTuner.set_tuning`` (``n_jobs``, ``db_path``, ``progress``...).
+    """
+
+    def __init__(self, topk: int = 4, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
+                 tuning_args: Mapping[str, Any] | None = None) -> None:
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise ValueError(f"topk must be a positive int, got {topk!r}")
+        if gemv_max_m not in (0, *GEMV_EDGES):
+            raise ValueError(f"gemv_max_m must be 0 (no GEMV) or one of {list(GEMV_EDGES)}, got {gemv_max_m!r}")
+        self.topk, self.gemv_max_m, self.target = topk, gemv_max_m, target
+        self._arch: dict[str, Any] = {}
+        compile_args = {"out_idx": [-1], "target": target, "ref_prog": ref_program, "atol": 1e-2, "rtol": 1e-2,
+                        "max_mismatched_ratio": 0.0}
+        tuning = {"progress": False, **(tuning_args or {})}
+        self.gemm = KeyedKernel(gemm, KEY, self._gemm_configs, buckets={"M": Buckets.pow2()},
+                                dynamic=["M"] if dynamic else (), name=GEMM_NAME, compile_args=compile_args,
+                                tuning_args=tuning, validate=self._gemm_check)
+        gemv_edges = tuple(e for e in GEMV_EDGES if e <= max(gemv_max_m, 1))
+        self.gemv = KeyedKernel(gemv_kernel, KEY, self._gemv_configs, buckets={"M": gemv_edges}, name=GEMV_NAME,
+                                compile_args=compile_args, tuning_args=tuning, validate=self._gemv_check)
+
+    def kernel(self, M: int) -> KeyedKernel:
+        """The keyed kernel that serves M rows."""
+        return self.gemv if M <= self.gemv_max_m else self.gemm
+
+    def arch(self) -> Any:
+        """The GPU the carver ranks for (the target's), resolved once."""
+        if "arch" not in self._arch:
+            self._arch["arch"] = MATMUL.resolve(make_problem(16, 16, 16), self.target).arch
+        return self._arch["arch"]
+
+    @staticmethod
+    def _matmul_problem(key: Mapping[str, Any]) -> Any:
+        return make_problem(key["M"], key["N"], key["K"], key["dtype"])
+
+    @staticmethod
+    def _gemv_problem(key: Mapping[str, Any]) -> GemvProblem:
+        return GemvProblem(key["M"], key["N"], key["K"], key["dtype"])
+
+    def _gemm_configs(self, key: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in MATMUL.candidates(self._matmul_problem(key), self.arch(), self.topk)]
+
+    def _gemv_configs(self, key: dict[str, Any]) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in GEMV.candidates(self._gemv_problem(key), self.arch(), self.topk)]
+
+    def _gemm_check(self, key: dict[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return check_config_dict(MatmulConfig, MATMUL.check, self._matmul_problem(key), self.arch(), config)
+
+    def _gemv_check(self, key: dict[str, Any], config: Mapping[str, Any]) -> list[str]:
+        return check_config_dict(GemvConfig, GEMV.check, self._gemv_problem(key), self.arch(), config)
+
+    def refusal(self, M: int, N: int, K: int, dtype: str) -> str | None:
+        """Why the kernels cannot take this shape (the carver's problem rules), or None."""
+        try:
+            self._gemv_problem({"M": M, "N": N, "K": K, "dtype": dtype}) if M <= self.gemv_max_m else \
+                self._matmul_problem({"M": M, "N": N, "K": K, "dtype": dtype})
+        except (TypeError, ValueError) as e:
+            return str(e)
+        return None
+
+
+_OP: list[MatmulOp | None] = [None]
+_LOCK = threading.Lock()
+_SAID: set[str] = set()
+_REFUSED: dict[tuple, str | None] = {}
+
+
+def get_op() -> MatmulOp:
+    """The process's op (built with the defaults on first use)."""
+    if _OP[0] is None:
+        with _LOCK:
+            if _OP[0] is None:
+                _OP[0] = MatmulOp()
+    return _OP[0]
+
+
+def configure(**settings: Any) -> MatmulOp:
+    """Replace the process's op with ``MatmulOp(**settings)`` (before the first forward; a loaded
+    ``autotuner.use_table`` applies to the new kernels too)."""
+    with _LOCK:
+        _OP[0] = MatmulOp(**settings)
+    return _OP[0]
+
+
+def _fallback_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Why this call goes to ``F.linear`` (None: the kernels may take it). Shape errors are F.linear's."""
+    if not (x.is_cuda and weight.is_cuda):
+        return f"tensors on {x.device.type}/{weight.device.type}, not CUDA"
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        return f"dtypes {x.dtype}/{weight.dtype}; the kernels take float16 or bfloat16 for both"
+    if x.device != weight.device:
+        return f"x on {x.device} but weight on {weight.device}"
+    if weight.dim() != 2 or x.dim() < 1 or x.shape[-1] != weight.shape[1] or weight.shape[1] == 0:
+        return "shapes F.linear must judge"
+    if not weight.is_contiguous():
+        return "a non-contiguous weight (the kernels read it row-major, (N, K))"
+    if bias is not None and (bias.dtype != x.dtype or bias.device != x.device or bias.shape != weight.shape[:1]):
+        return f"a bias of {bias.dtype} {tuple(bias.shape)} on {bias.device} (expected the weight's dtype and rows)"
+    return None
+
+
+def _refusal(op: MatmulOp, M: int, N: int, K: int, dtype: torch.dtype) -> str | None:
+    """The op's :meth:`MatmulOp.refusal`, remembered per shape (it builds a checked problem)."""
+    key = (id(op), M, N, K, dtype)
+    if key not in _REFUSED:
+        if len(_REFUSED) > 4096:
+            _REFUSED.clear()
+        _REFUSED[key] = op.refusal(M, N, K, str(dtype).removeprefix("torch."))
+    return _REFUSED[key]
+
+
+def _say_once(reason: str) -> None:
+    if reason not in _SAID:
+        _SAID.add(reason)
+        logger.info("tilecarve matmul: falling back to torch.nn.functional.linear for %s (said once)", reason)
+
+
+def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op's implementation: a tuned kernel where one serves the call, else ``F.linear``."""
+    reason = _fallback_reason(x, weight, bias)
+    if reason is None:
+        N, K = weight.shape
+        M = x.numel() // K
+        if M == 0:
+            return F.linear(x, weight, bias)
+        op = get_op()
+        reason = _refusal(op, M, N, K, x.dtype)
+    if reason is not None:
+        _say_once(reason)
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(M, K)
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    kernel = op.kernel(M).kernel_for({"M": M, "N": N, "K": K, "dtype": x.dtype})
+    if x.device.index != torch.cuda.current_device():
+        with torch.cuda.device(x.device):
+            y = kernel(x2, weight)
+    else:
+        y = kernel(x2, weight)
+    if bias is not None:
+        y.add_(bias)
+    return y.view(*x.shape[:-1], N)
+
+
+@torch.library.custom_op("tilecarve::matmul", mutates_args=())
+def _matmul_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _forward(x, weight, bias)
+
+
+@_matmul_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    torch._check(x.shape[-1] == weight.shape[1], lambda: f"x has {x.shape[-1]} features, weight {weight.shape[1]}")
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    x, weight = ctx.saved_tensors
+    g2 = grad.reshape(-1, grad.shape[-1])
+    grad_x = grad @ weight if ctx.needs_input_grad[0] else None
+    grad_w = g2.T @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+    grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
+
+
+_matmul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``torch.nn.functional.linear(x, weight, bias)``: ``x @ weight.T + bias`` by the tuned kernels.
+
+    In eager mode without autograd it calls the implementation directly (no dispatcher overhead);
+    under ``torch.compile`` or when a gradient is needed it goes through ``torch.ops.tilecarve.matmul``.
+    """
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
+        return torch.ops.tilecarve.matmul(x, weight, bias)
+    return _forward(x, weight, bias)
+
+
+class Linear(torch.nn.Linear):
+    """``torch.nn.Linear`` (same constructor, parameters, state dict and initialisation) whose forward is
+    :func:`matmul`. ``Linear.from_linear(m)`` wraps an existing module's parameters without copying."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch.nn.Linear's name
+        return matmul(input, self.weight, self.bias)
+
+    @classmethod
+    def from_linear(cls, module: torch.nn.Linear) -> Linear:
+        if not isinstance(module, torch.nn.Linear):
+            raise TypeError(f"from_linear takes a torch.nn.Linear, got {type(module).__name__}")
+        new = cls(module.in_features, module.out_features, bias=False, device="meta")
+        new.weight, new.bias = module.weight, module.bias
+        return new

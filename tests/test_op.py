@@ -1,0 +1,217 @@
+"""The drop-in matmul op (templates/matmul/op.py): ``Linear`` against ``torch.nn.Linear``, the CPU
+fallback, the custom op's fake and autograd registrations, key and bucket routing; the kernels
+compiled for sm_90a with a symbolic M (nvcc); outputs, torch.compile and the example on a GPU."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from carver.arch import CUDA
+from templates import matmul as mm
+from templates.gemv.api import GEMV
+from templates.gemv.config import GemvProblem
+from templates.matmul import op as mop
+
+ROOT = Path(__file__).parents[1]
+SM90 = {"kind": "cuda", "arch": "sm_90a"}
+
+
+# ------------------------------------------------------------------------------------ the module
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_has_nn_linears_constructor_parameters_and_state_dict(bias):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(48, 24, bias=bias, dtype=torch.float64)
+    torch.manual_seed(0)
+    lin = mm.Linear(48, 24, bias=bias, dtype=torch.float64)
+    assert isinstance(lin, torch.nn.Linear) and repr(lin) == repr(ref)
+    assert list(lin.state_dict()) == list(ref.state_dict()) == (["weight", "bias"] if bias else ["weight"])
+    for k, v in ref.state_dict().items():
+        assert torch.equal(lin.state_dict()[k], v) and lin.state_dict()[k].dtype == torch.float64
+    other = torch.nn.Linear(48, 24, bias=bias)
+    other.load_state_dict(lin.state_dict())  # both ways
+    lin.load_state_dict(torch.nn.Linear(48, 24, bias=bias, dtype=torch.float64).state_dict())
+    assert mm.Linear(3, 5, device="meta").weight.device.type == "meta"
+
+
+@pytest.mark.parametrize("shape", [(7, 48), (2, 3, 48), (48,), (0, 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cpu_fallback_gives_nn_linears_outputs_and_gradients(shape, dtype):
+    torch.manual_seed(1)
+    ref = torch.nn.Linear(48, 24, dtype=dtype)
+    lin = mm.Linear.from_linear(ref)
+    assert lin.weight is ref.weight and lin.bias is ref.bias
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y, y_ref = lin(x), ref(x2)
+    assert torch.equal(y, y_ref)
+    if y.numel():
+        w_grad_ref = torch.autograd.grad(y_ref.sum(), ref.weight)[0]
+        y.sum().backward()
+        y_ref2 = ref(x2)
+        y_ref2.sum().backward()
+        assert torch.equal(x.grad, x2.grad) and torch.allclose(ref.weight.grad, 2 * w_grad_ref)
+    with torch.no_grad():  # the eager path without the dispatcher
+        assert torch.equal(lin(x), ref(x))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        lin(torch.randn(3, 47, dtype=dtype))
+
+
+def test_the_fallback_is_said_once_at_info(caplog):
+    mop._SAID.clear()
+    lin = mm.Linear(16, 8)
+    with caplog.at_level(logging.INFO, logger="templates.matmul.op"):
+        for _ in range(3):
+            lin(torch.randn(4, 16))
+    said = [r for r in caplog.records if "falling back to torch.nn.functional.linear" in r.getMessage()]
+    assert len(said) == 1 and "not CUDA" in said[0].getMessage() and said[0].levelno == logging.INFO
+
+
+# ------------------------------------------------------------------------------------ the custom op
+def test_the_fake_impl_gives_shapes_and_dtypes_without_running():
+    with FakeTensorMode():
+        for lead, dtype in (((5,), torch.float16), ((2, 7), torch.bfloat16), ((), torch.float16)):
+            x = torch.empty(*lead, 64, dtype=dtype, device="cuda")
+            w = torch.empty(32, 64, dtype=dtype, device="cuda")
+            y = torch.ops.tilecarve.matmul(x, w, torch.empty(32, dtype=dtype, device="cuda"))
+            assert (tuple(y.shape), y.dtype, y.device.type) == ((*lead, 32), dtype, "cuda")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck(bias):
+    w = torch.randn(24, 48, requires_grad=True)
+    b = torch.randn(24, requires_grad=True) if bias else None
+    for x in (torch.randn(5, 48, requires_grad=True), torch.randn(2, 3, 48)):
+        result = torch.library.opcheck(torch.ops.tilecarve.matmul.default, (x, w, b))
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_torch_compile_traces_the_op_without_a_graph_break():
+    torch._dynamo.reset()
+    block = torch.nn.Sequential(mm.Linear(32, 64, bias=False), torch.nn.SiLU(), mm.Linear(64, 32)).requires_grad_(False)
+    x = torch.randn(6, 32)
+    explain = torch._dynamo.explain(block)(x)
+    assert explain.graph_break_count == 0 and explain.graph_count == 1, explain.break_reasons
+    ops = [n.target for g in explain.graphs for n in g.graph.nodes if n.op == "call_function"]
+    mine = (torch.ops.tilecarve.matmul, torch.ops.tilecarve.matmul.default)
+    assert sum(t in mine for t in ops) == 2, ops
+    torch.testing.assert_close(torch.compile(block)(x), block(x))
+
+
+# ------------------------------------------------------------------------------------ keys and buckets
+def test_routing_keys_buckets_and_fallback_configs():
+    op = mop.MatmulOp(target=SM90)
+    assert [op.kernel(m).name for m in (1, 16, 17, 4096)] == [mop.GEMV_NAME] * 2 + [mop.GEMM_NAME] * 2
+    assert mop.MatmulOp(target=SM90, gemv_max_m=0).kernel(1).name == mop.GEMM_NAME
+    assert op.gemm.dynamic == ("M",) and op.gemv.dynamic == ()
+    key = {"M": 100, "N": 14336, "K": 4096, "dtype": torch.float16}
+    assert op.gemm.make_key(key) == {**key, "M": 128, "dtype": "float16"}
+    assert op.gemv.make_key({**key, "M": 3})["M"] == 4 and op.gemm.make_key({**key, "M": 10**6})["M"] == 65536
+    arch = CUDA("sm_90a")
+    top1 = mm.MATMUL.candidates(mm.MatmulProblem(128, 14336, 4096), arch, 1)[0].to_dict()
+    assert op.gemm.config_for(key) == (top1, "fallback")  # the carver's top-1 at the bucket's edge
+    gtop1 = GEMV.candidates(GemvProblem(4, 14336, 4096), arch, 4)[0].to_dict()
+    assert op.gemv.config_for({**key, "M": 3}) == (gtop1, "fallback")
+    assert op.refusal(128, 14336, 4096, "float16") is None
+    assert "2**31 - 1" in op.refusal(2**31, 8, 8, "float16")
+    with pytest.raises(ValueError, match="gemv_max_m must be 0"):
+        mop.MatmulOp(gemv_max_m=3)
+    with pytest.raises(ValueError, match="topk must be a positive int, got 0"):
+        mop.configure(topk=0)
+
+
+def test_configure_replaces_the_process_op():
+    before = mop.get_op()
+    try:
+        new = mop.configure(topk=2, target=SM90)
+        assert mop.get_op() is new and new is not before and new.topk == 2
+    finally:
+        mop._OP[0] = before
+
+
+# ------------------------------------------------------------------------------------ nvcc, no GPU
+@pytest.mark.nvcc
+def test_one_symbolic_gemm_kernel_per_bucket_and_gemv_per_exact_m():
+    op = mop.MatmulOp(target=SM90)
+    key = {"N": 4096, "K": 4096, "dtype": torch.float16}
+    k = op.gemm.kernel_for({**key, "M": 100})
+    assert op.gemm.kernel_for({**key, "M": 65}) is k and op.gemm.stats["compiles"] == 1
+    assert "int M" in k.get_kernel_source()  # M is a runtime argument: one kernel serves the bucket
+    op.gemv.kernel_for({**key, "M": 3})
+    op.gemv.kernel_for({**key, "M": 4})
+    assert op.gemv.stats["compiles"] == 2  # the GEMV unrolls over M: one kernel per exact M
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("extra", [{"split_k": 4}, {"persistent": 132, "warp_policy": "full_row"}])
+def test_split_k_and_persistent_programs_compile_with_a_symbolic_m(extra):
+    import tilelang
+    import tilelang.language as T
+
+    cfg = dict(block_M=128, block_N=128, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
+    k = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg, **extra), out_idx=[-1], target=SM90)
+    assert "int M" in k.get_kernel_source()
+
+
+# ------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_outputs_match_nn_linear_on_the_gpu(dtype):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(512, 768, device="cuda", dtype=dtype)
+    lin = mm.Linear.from_linear(ref)
+    before = mop.get_op()
+    op = mop.configure()
+    try:
+        with torch.no_grad():
+            for m in (1, 3, 16, 17, 100, 128, 300):
+                for lead in ((m,), (1, m)):
+                    x = torch.randn(*lead, 512, device="cuda", dtype=dtype)
+                    torch.testing.assert_close(lin(x), ref(x), atol=2e-2, rtol=2e-2)
+    finally:
+        mop._OP[0] = before
+    assert op.gemm.stats["compiles"] == 3  # one symbolic kernel per bucket: 32 (M=17), 128 (100, 128), 512
+    assert op.gemv.stats["compiles"] == 3  # one per exact M: 1, 3, 16
+    x = torch.randn(5, 512, device="cuda", dtype=dtype, requires_grad=True)
+    lin(x).float().sum().backward()
+    assert x.grad is not None and ref.weight.grad is not None
+
+
+@pytest.mark.gpu
+def test_torch_compile_on_the_gpu_same_outputs_no_graph_breaks():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(mm.Linear(256, 512, bias=False), torch.nn.SiLU(), mm.Linear(512, 256)).to(
+        "cuda", torch.float16).requires_grad_(False)
+    x = torch.randn(40, 256, device="cuda", dtype=torch.float16)
+    explain = torch._dynamo.explain(block)(x)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    torch.testing.assert_close(torch.compile(block)(x), block(x))
+
+
+@pytest.mark.gpu
+def test_the_example_records_tunes_and_serves_in_a_fresh_process(tmp_path):
+    out = Path(os.environ.get("OUT", tmp_path))
+    env = {**os.environ, "TILECARVE_CACHE_DIR": str(tmp_path / "tc")}
+    small = ["--hidden", "256", "--intermediate", "512", "--tokens", "1", "16", "128", "--topk", "2"]
+    table = out / "example_mlp_table.json"
+    example = str(ROOT / "examples" / "model" / "mlp.py")
+    p = subprocess.run([sys.executable, example, "record-tune", "--table", str(table), *small], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=580)
+    assert p.returncode == 0, p.stderr[-3000:]
+    tuned = json.loads(p.stdout.strip().splitlines()[-1])
+    assert tuned["keys"] == 6 and table.exists()  # gate and up share keys: 2 shapes x 3 counts
+    assert not list(tmp_path.glob("*.json"))  # nothing in the working directory
+    p = subprocess.run([sys.executable, example, "serve", "--table", str(table), *small], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    served = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {c[3] for c in served["configs"].values()} == {"table"} and served["untuned"] == []
