@@ -15,14 +15,16 @@ The model is Roller-style, per CTA step (one ``block_N`` slice of keys) on one S
   ``O`` rescale per output element. A warpgroup waits for its own products (TileLang 0.1.15 emits
   ``warpgroup_wait<0>`` after each ``T.gemm``), so tensor and softmax overlap only across the
   warpgroups resident on the SM: ``hidden = wg_overlap * (1 - 1/warpgroups) * min(tensor, softmax)``;
-* **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, cp.async
-  otherwise), **ingest** (bytes per step over the SM's bandwidth share) and **DRAM** (unique Q, K, V,
-  O bytes) as a floor on the kernel.
+* **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, whose
+  separate K and V barriers give ``kv_lead`` stages' worth of lead even at ``num_stages=1``; cp.async
+  otherwise), a small per-step cost of rotating buffers when ``num_stages >= 2`` (dynamic barrier
+  index, wgmma descriptor offset), **ingest** (bytes per step over the SM's bandwidth share) and
+  **DRAM** (unique Q, K, V, O bytes) as a floor on the kernel.
 
 CTAs = batch * heads * ceil(seq_len / block_M), in waves of ``SMs x CTAs per SM`` (shared memory,
 registers, threads); causal CTAs visit keys only up to the diagonal, so their work is summed exactly
 and spread over the slots, with half the longest CTA as the tail. Constants: :data:`ATTENTION_CONSTANTS`
-(one place, per arch family, not yet calibrated on measured attention grids: docs/attention.md).
+(one place, per arch family; Hopper's fitted on H200 grids by ``carver.calibrate_attention``).
 """
 
 from __future__ import annotations
@@ -260,6 +262,8 @@ class AttentionConstants:
     rescale_cycles_per_output: float  # SM cycles per O element per step (O *= rescale)
     wg_overlap: float                 # how much of min(tensor, softmax) other warpgroups hide
     step_overhead_us: float           # fixed per step: barriers, wgmma fence/commit/wait, reductions
+    stage_cost_us: float              # per step with num_stages >= 2: buffer, barrier and descriptor rotation
+    kv_lead: float                    # TMA producer: extra stages' worth of lead from K and V's own buffers
     min_warps_per_sm: float           # w0 in the CUDA-core efficiency warps / (warps + w0)
     cta_overhead_us: float            # per CTA: Q load issue, normalisation, O store
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
@@ -271,15 +275,24 @@ class AttentionConstants:
         return AttentionConstants(**values)
 
 
-# Guesses from the instruction rates (Hopper: 16 MUFU ex2 and 128 FP32 per clock per SM, ~8 FP32 ops per
-# score), not fitted: the lead measures an exhaustive grid on an H200 and fits these (docs/attention.md).
+# Hopper: fitted on the four H200 calibration grids of 2026-11-21 (`python -m carver.calibrate_attention`,
+# docs/attention.md), p fixed at 16 (the warp-specialized loop overlaps loads and compute nearly fully;
+# p = 8 cannot tell the stage variants of a tile apart). 0.080 cycles per score is 10 FP32 ops at 128
+# per clock, just above the 16-per-clock MUFU exp2 floor (0.0625); kv_lead 1.16: K and V have their own
+# barriers, so with one stage the producer already loads the next K during softmax and P V.
 _HOPPER_ATT = AttentionConstants(
-    softmax_cycles_per_score=0.125, rescale_cycles_per_output=1.0 / 64, wg_overlap=0.8,
-    step_overhead_us=0.15, min_warps_per_sm=2.0, cta_overhead_us=1.0, tail_fraction=0.5, p=6.0,
+    softmax_cycles_per_score=0.0800, rescale_cycles_per_output=0.0239, wg_overlap=0.822, step_overhead_us=0.1772,
+    stage_cost_us=0.0045, kv_lead=1.163, min_warps_per_sm=1.329, cta_overhead_us=1.844, tail_fraction=0.5, p=16.0,
+)
+# Ampere / Ada have no measured attention grids: first guesses from the instruction rates (16 MUFU ex2
+# and ~8 FP32 ops per score), not Hopper's fit (no TMA producer there, so kv_lead is unused).
+_GUESS_ATT = AttentionConstants(
+    softmax_cycles_per_score=0.125, rescale_cycles_per_output=1.0 / 64, wg_overlap=0.8, step_overhead_us=0.15,
+    stage_cost_us=0.0, kv_lead=0.0, min_warps_per_sm=2.0, cta_overhead_us=1.0, tail_fraction=0.5, p=6.0,
 )
 #: Per arch family, like carver.model.CONSTANTS.
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
-    "hopper": _HOPPER_ATT, "ada": _HOPPER_ATT, "ampere": _HOPPER_ATT.replace(step_overhead_us=0.2),
+    "hopper": _HOPPER_ATT, "ada": _GUESS_ATT, "ampere": _GUESS_ATT.replace(step_overhead_us=0.2),
 }
 
 
@@ -415,10 +428,11 @@ class AttentionTemplate:
         softmax = occ * (bm * bn * a.softmax_cycles_per_score + bm * D * a.rescale_cycles_per_output) / clock / cuda_eff
         groups = occ * max(1, t // 128)
         hidden = a.wg_overlap * (1.0 - 1.0 / groups)
-        compute = tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
+        compute = (tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
+                   + a.stage_cost_us * (stages >= 2))
         step_bytes = 2 * bn * D * b
         latency = k.load_latency_us + step_bytes / k.sm_bandwidth
-        s_eff = 1.0 + max(stages - 1, 0) * k.stage_efficiency
+        s_eff = 1.0 + (max(stages - 1, 0) + a.kv_lead * ws) * k.stage_efficiency
         if ws:
             pipe = (latency + compute / occ) / s_eff
         else:

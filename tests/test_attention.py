@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,38 @@ def test_model_is_monotone_where_physics_says_so():
     a100 = AttentionTemplate(AttentionProblem(**LLAMA)).with_arch("A100-80GB")
     bad = a100.predict(cfg(128, 128, 4, 256).kernel_kwargs())
     assert bad.errors and bad.latency_ms > 0
+
+
+def test_stages_pay_off_only_where_loads_are_exposed():
+    """The producer's separate K and V barriers hide the loads of a long step at num_stages=1 (kv_lead);
+    a short step (dim 64, 32 keys) is latency-bound there, so a second stage pays for its rotation cost."""
+    tmpl = AttentionTemplate(AttentionProblem(4, 32, 2048, 64)).with_arch("H200")
+    big = [tmpl.predict(cfg(128, 128, s, 256).kernel_kwargs()) for s in (1, 2)]
+    assert big[0].pipeline_us < big[0].step_us and big[0].latency_ms <= big[1].latency_ms
+    small = [tmpl.predict(cfg(64, 32, s, 128).kernel_kwargs()) for s in (1, 2)]
+    assert small[1].latency_ms < 0.97 * small[0].latency_ms
+
+
+DATA = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "attention-2026-11-21-h200"
+
+
+def test_calibrated_constants_order_the_h200_grids():
+    """The shipped Hopper constants are calibrate_attention's fit of grid/ and rank holdout/ (never fitted)
+    with the best config first; the removed overlap configs in the files are skipped and counted."""
+    pytest.importorskip("scipy", reason="the calibration tool needs scipy")
+    from carver import calibrate_attention as ca
+    from carver.attention import ATTENTION_CONSTANTS
+
+    h200 = CUDA("H200")
+    grid, held = ca.load_grids(f"{DATA}/grid", h200), ca.load_grids(f"{DATA}/holdout", h200)
+    assert (len(grid), len(held)) == (4, 2) and all(g.unknown == 9 and len(g.configs) >= 21 for g in grid + held)
+    shipped = ATTENTION_CONSTANTS["hopper"]
+    for g in grid + held:
+        s = ca.score(g, h200, shipped)
+        assert s["top1"] == 1.0 and s["top8"] == 1.0 and s["spearman"] > 0.9, (g.name, s)
+    refit = ca.fit(grid, h200, shipped)
+    for name in ca.FREE:
+        assert getattr(refit, name) == pytest.approx(getattr(shipped, name), rel=0.05, abs=1e-3), name
 
 
 def _naive(Q, K, V, causal):
