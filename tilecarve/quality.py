@@ -109,7 +109,7 @@ def _attention_keys() -> tuple[str, ...]:
 FAMILIES: dict[str, Family] = {
     "matmul": Family(_matmul_model, lambda m, s, a, k: [h.to_config() for h in m.recommend_hints(topk=k)],
                      defaults={"panel_size": 10, "split_k": 1}),
-    "gemv": Family(_gemv_model, _gemv_hints),
+    "gemv": Family(_gemv_model, _gemv_hints, defaults={"split_k": 1}),
     "attention": Family(_attention_model, _attention_hints, keys=_attention_keys),
 }
 
