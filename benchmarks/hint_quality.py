@@ -3,7 +3,7 @@
     python benchmarks/hint_quality.py [--data DIR_OR_FILE ...] [--arch H200] [--out DIR]
 
 ``--data`` defaults to the grids shipped in ``benchmarks/data`` (the H200 GEMM grids, the H200 hint runs,
-the GEMV grids); any directory of files in measure_gemm_grid.py's format works, e.g. what
+the GEMV and attention grids); any directory of files in measure_gemm_grid.py's format works, e.g. what
 ``benchmarks/measure_hints.py`` or ``benchmarks/gemv.py`` wrote on the GPU machine. The scores are those
 of ``tilecarve.quality`` (its module doc says what each means); per file it prints
 
@@ -44,7 +44,7 @@ def first_measured(curve: list[float | None]) -> tuple[float | None, bool]:
 
 
 def print_table(scores: list[dict[str, Any]]) -> None:
-    head = (f"{'family':>6} {'shape':>24} {'arch':>5} | {'hints@1':>7} {'hints@8':>7} {'unmeas':>6} | "
+    head = (f"{'family':>9} {'shape':>36} {'arch':>5} | {'hints@1':>7} {'hints@8':>7} {'unmeas':>6} | "
             f"{'rank@1':>6} {'rank@8':>6} | {'rho':>6} {'legal':>5} {'drop':>4} {'drop-best':>9} | "
             f"{'TL@8':>6} {'TL@16':>6}")
     print(head)
@@ -56,13 +56,17 @@ def print_table(scores: list[dict[str, Any]]) -> None:
         tl = r.get(quality.TILELANG_HINTS)
         src = {"recorded": "r", "computed offline": "o"}.get(s["tilelang_hints"], " ")
         rho = "   -  " if s["spearman"] is None else f"{s['spearman']:6.3f}"
-        print(f"{s['family']:>6} {s['label']:>24} {s['arch']:>5} | {fmt(h1, star):>7} {fmt(h[7]):>7} "
+        print(f"{s['family']:>9} {s['label']:>36} {s['arch']:>5} | {fmt(h1, star):>7} {fmt(h[7]):>7} "
               f"{s['unmeasured'].get(quality.TILECARVE_HINTS, 0):>3}/16 | "
               f"{fmt(r[quality.TILECARVE_RANK][0])} {fmt(r[quality.TILECARVE_RANK][7])} | "
               f"{rho} {s['n_legal']:>5} {s['n_dropped']:>4} {fmt(s['dropped_best_fraction']):>9} | "
               f"{fmt(tl and tl[7])}{src} {fmt(tl and tl[15])}")
     print("* the first hint has no measurement: hints@1 is that of the first measured hint. TL: r = TileLang's "
           "hints recorded with the grid, o = computed offline (benchmarks/tilelang_hints.py), unmeasured skipped.")
+    for s in scores:
+        if s["n_unknown_keys"]:
+            print(f"{s['family']} {s['label']}: skipped {s['n_unknown_keys']} configs with keys the {s['family']} "
+                  f"config no longer has (a removed knob)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,14 +15,16 @@ The model is Roller-style, per CTA step (one ``block_N`` slice of keys) on one S
   ``O`` rescale per output element. A warpgroup waits for its own products (TileLang 0.1.15 emits
   ``warpgroup_wait<0>`` after each ``T.gemm``), so tensor and softmax overlap only across the
   warpgroups resident on the SM: ``hidden = wg_overlap * (1 - 1/warpgroups) * min(tensor, softmax)``;
-* **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, cp.async
-  otherwise), **ingest** (bytes per step over the SM's bandwidth share) and **DRAM** (unique Q, K, V,
-  O bytes) as a floor on the kernel.
+* **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, whose
+  separate K and V barriers give ``kv_lead`` stages' worth of lead even at ``num_stages=1``; cp.async
+  otherwise), a small per-step cost of rotating buffers when ``num_stages >= 2`` (dynamic barrier
+  index, wgmma descriptor offset), **ingest** (bytes per step over the SM's bandwidth share) and
+  **DRAM** (unique Q, K, V, O bytes) as a floor on the kernel.
 
 CTAs = batch * heads * ceil(seq_len / block_M), in waves of ``SMs x CTAs per SM`` (shared memory,
 registers, threads); causal CTAs visit keys only up to the diagonal, so their work is summed exactly
 and spread over the slots, with half the longest CTA as the tail. Constants: :data:`ATTENTION_CONSTANTS`
-(one place, per arch family, not yet calibrated on measured attention grids: docs/attention.md).
+(one place, per arch family; Hopper's fitted on H200 grids by ``carver.calibrate_attention``).
 """
 
 from __future__ import annotations
@@ -138,7 +140,7 @@ class AttentionProblem:
 # --------------------------------------------------------------------------------------------------
 # Config keys and rules (the one validity function; templates.attention asks it)
 # --------------------------------------------------------------------------------------------------
-ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads", "overlap")
+ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads")
 # key: (lowest, highest, multiple of, fix)
 _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
     "block_M": (16, 256, 16, "use 64 or 128 query rows per CTA"),
@@ -149,29 +151,25 @@ _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
 #: The exhaustive grid (templates.attention.space trims it by the rules).
 ATTENTION_GRID: dict[str, tuple[Any, ...]] = {
     "block_M": (64, 128), "block_N": (32, 64, 128), "num_stages": (1, 2, 3), "threads": (128, 256),
-    "overlap": (False, True),
 }
-#: The overlap schedule's pipeline depth (its ``stage`` list has stages 0 and 1).
-OVERLAP_STAGES = 2
 _PRODUCER_THREADS = 128
 
 
 def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Each key checked on its own and normalised (numpy ints as ints); ``overlap`` defaults to False.
+    """Each key checked on its own and normalised (numpy ints as ints).
     A bad key or value is a ValueError / TypeError naming it, the value and the fix."""
     if not isinstance(config, Mapping):
         raise TypeError(f"an attention config must be a dict, got {config!r}")
     unknown = [k for k in config if k not in ATTENTION_KEYS]
-    missing = [k for k in ATTENTION_KEYS[:4] if k not in config]
+    missing = [k for k in ATTENTION_KEYS if k not in config]
     if unknown or missing:
         raise ValueError(f"config {dict(config)}: unknown key(s) {unknown}, missing {missing}; an attention config "
-                         f"takes {list(ATTENTION_KEYS)} (overlap optional)")
+                         f"takes {list(ATTENTION_KEYS)}")
     out: dict[str, Any] = {}
     for key, (lo, hi, step, fix) in _INT_KEYS.items():
         out[key] = int_in_range(config[key], key, lo, hi, fix=fix)
         if out[key] % step:
             raise ValueError(f"{key} must be a multiple of {step}, got {config[key]!r}; {fix}")
-    out["overlap"] = flag(config.get("overlap", False), "overlap")
     return out
 
 
@@ -180,15 +178,14 @@ def _uses_wgmma(c: Mapping[str, Any], arch: GPUArch) -> bool:
 
 
 def _warp_specialized(c: Mapping[str, Any], arch: GPUArch) -> bool:
-    """TMA producer warpgroup: sm_90+, a pipelined loop, not the explicit overlap schedule (which TileLang
-    0.1.15 lowers to cp.async without a producer; read in the sm_90a source)."""
-    return arch.has_tma and c["num_stages"] >= 1 and not c["overlap"]
+    """TMA producer warpgroup: sm_90+ and a pipelined loop (read in the sm_90a source)."""
+    return arch.has_tma and c["num_stages"] >= 1
 
 
 def _smem_bytes(problem: AttentionProblem, c: Mapping[str, Any]) -> int:
     """Q tile (O reuses it) plus K and V tiles per stage, rounded to 1 KB, plus barriers."""
     b, D = problem.elem_bytes, problem.dim
-    stages = OVERLAP_STAGES if c["overlap"] else max(c["num_stages"], 1)
+    stages = max(c["num_stages"], 1)
     dyn = c["block_M"] * D * b + stages * 2 * c["block_N"] * D * b
     return -(-dyn // 1024) * 1024 + 16 * stages + 64
 
@@ -225,18 +222,8 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
         out.append(f"threads={t} is {warps} warps, each owning whole rows of the {bm}x{bn} score tile (FullRow, "
                    f"16 rows at least), so block_M must be a multiple of {16 * warps}, got block_M={bm}; use "
                    f"threads={32 * fit} or block_M={16 * warps}")
-    if c["overlap"]:
-        if t % 128 or bm < 64:
-            out.append(f"overlap=True is the wgmma schedule: threads must be a multiple of 128 and block_M at "
-                       f"least 64, got threads={t}, block_M={bm}; use threads=128 or 256, block_M=128")
-        if c["num_stages"] != OVERLAP_STAGES:
-            out.append(f"overlap=True fixes the pipeline at {OVERLAP_STAGES} stages (its schedule), got "
-                       f"num_stages={c['num_stages']}; use num_stages={OVERLAP_STAGES}")
     if arch is None:
         return out
-    if c["overlap"] and not arch.has_wgmma:
-        out.append(f"overlap=True is Hopper's wgmma schedule and {arch.name} (sm_{arch.sm_version}) has no wgmma; "
-                   f"use overlap=False")
     if problem.causal and not arch.has_tma and c["num_stages"] >= 2:
         out.append(f"causal with num_stages={c['num_stages']} on {arch.name}: TileLang 0.1.15 cannot generate the "
                    f"cp.async pipeline over the causal loop's run-time trip count (codegen fails: 'Downcast from "
@@ -244,7 +231,7 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
     smem = _smem_bytes(problem, c)
     if smem > arch.smem_per_block:
         out.append(f"needs {smem // 1024} KB of shared memory per CTA (Q {bm}x{problem.dim}, K and V {bn}x"
-                   f"{problem.dim} x {OVERLAP_STAGES if c['overlap'] else max(c['num_stages'], 1)} stages), over "
+                   f"{problem.dim} x {max(c['num_stages'], 1)} stages), over "
                    f"the {arch.smem_per_block // 1024} KB {arch.name} allows; use fewer num_stages or a smaller "
                    f"block_N")
     regs, limit = _acc_regs(problem, c), _acc_reg_limit(c, arch)
@@ -274,8 +261,9 @@ class AttentionConstants:
     softmax_cycles_per_score: float   # SM cycles per score element: mask, scale, max, exp2, sum, cast
     rescale_cycles_per_output: float  # SM cycles per O element per step (O *= rescale)
     wg_overlap: float                 # how much of min(tensor, softmax) other warpgroups hide
-    overlap_hidden: float             # extra fraction the overlap schedule hides within a warpgroup
     step_overhead_us: float           # fixed per step: barriers, wgmma fence/commit/wait, reductions
+    stage_cost_us: float              # per step with num_stages >= 2: buffer, barrier and descriptor rotation
+    kv_lead: float                    # TMA producer: extra stages' worth of lead from K and V's own buffers
     min_warps_per_sm: float           # w0 in the CUDA-core efficiency warps / (warps + w0)
     cta_overhead_us: float            # per CTA: Q load issue, normalisation, O store
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
@@ -287,15 +275,24 @@ class AttentionConstants:
         return AttentionConstants(**values)
 
 
-# Guesses from the instruction rates (Hopper: 16 MUFU ex2 and 128 FP32 per clock per SM, ~8 FP32 ops per
-# score), not fitted: the lead measures an exhaustive grid on an H200 and fits these (docs/attention.md).
+# Hopper: fitted on the four H200 calibration grids of 2026-11-21 (`python -m carver.calibrate_attention`,
+# docs/attention.md), p fixed at 16 (the warp-specialized loop overlaps loads and compute nearly fully;
+# p = 8 cannot tell the stage variants of a tile apart). 0.080 cycles per score is 10 FP32 ops at 128
+# per clock, just above the 16-per-clock MUFU exp2 floor (0.0625); kv_lead 1.16: K and V have their own
+# barriers, so with one stage the producer already loads the next K during softmax and P V.
 _HOPPER_ATT = AttentionConstants(
-    softmax_cycles_per_score=0.125, rescale_cycles_per_output=1.0 / 64, wg_overlap=0.8, overlap_hidden=0.0,
-    step_overhead_us=0.15, min_warps_per_sm=2.0, cta_overhead_us=1.0, tail_fraction=0.5, p=6.0,
+    softmax_cycles_per_score=0.0800, rescale_cycles_per_output=0.0239, wg_overlap=0.822, step_overhead_us=0.1772,
+    stage_cost_us=0.0045, kv_lead=1.163, min_warps_per_sm=1.329, cta_overhead_us=1.844, tail_fraction=0.5, p=16.0,
+)
+# Ampere / Ada have no measured attention grids: first guesses from the instruction rates (16 MUFU ex2
+# and ~8 FP32 ops per score), not Hopper's fit (no TMA producer there, so kv_lead is unused).
+_GUESS_ATT = AttentionConstants(
+    softmax_cycles_per_score=0.125, rescale_cycles_per_output=1.0 / 64, wg_overlap=0.8, step_overhead_us=0.15,
+    stage_cost_us=0.0, kv_lead=0.0, min_warps_per_sm=2.0, cta_overhead_us=1.0, tail_fraction=0.5, p=6.0,
 )
 #: Per arch family, like carver.model.CONSTANTS.
 ATTENTION_CONSTANTS: dict[str, AttentionConstants] = {
-    "hopper": _HOPPER_ATT, "ada": _HOPPER_ATT, "ampere": _HOPPER_ATT.replace(step_overhead_us=0.2),
+    "hopper": _HOPPER_ATT, "ada": _GUESS_ATT, "ampere": _GUESS_ATT.replace(step_overhead_us=0.2),
 }
 
 
@@ -410,7 +407,7 @@ class AttentionTemplate:
         k = constants_for(arch)
         bm, bn, t, D, b = c["block_M"], c["block_N"], c["threads"], p.dim, p.elem_bytes
         ws = _warp_specialized(c, arch)
-        stages = OVERLAP_STAGES if c["overlap"] else c["num_stages"]
+        stages = c["num_stages"]
         launched = t + _PRODUCER_THREADS * ws
         smem = _smem_bytes(p, c)
         acc = _acc_regs(p, c)
@@ -430,11 +427,12 @@ class AttentionTemplate:
         cuda_eff = warps_sm / (warps_sm + a.min_warps_per_sm)
         softmax = occ * (bm * bn * a.softmax_cycles_per_score + bm * D * a.rescale_cycles_per_output) / clock / cuda_eff
         groups = occ * max(1, t // 128)
-        hidden = a.wg_overlap * (1.0 - 1.0 / groups) + (a.overlap_hidden if c["overlap"] else 0.0)
-        compute = tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
+        hidden = a.wg_overlap * (1.0 - 1.0 / groups)
+        compute = (tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
+                   + a.stage_cost_us * (stages >= 2))
         step_bytes = 2 * bn * D * b
         latency = k.load_latency_us + step_bytes / k.sm_bandwidth
-        s_eff = 1.0 + max(stages - 1, 0) * k.stage_efficiency
+        s_eff = 1.0 + (max(stages - 1, 0) + a.kv_lead * ws) * k.stage_efficiency
         if ws:
             pipe = (latency + compute / occ) / s_eff
         else:

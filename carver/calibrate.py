@@ -29,7 +29,8 @@ from .model import ModelConstants, constants_for, predict_arrays
 from .problem import MatmulProblem
 from .validity import legal_mask
 
-__all__ = ["Grid", "FREE", "fit", "fit_log_space", "load_grids", "score"]
+__all__ = ["Grid", "FREE", "fit", "fit_log_space", "holdout_parser", "load_grids", "print_constants", "rank_scores",
+           "score"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +80,33 @@ def load_grids(path: str, arch: GPUArch) -> list[Grid]:
 
 def score(grid: Grid, arch: GPUArch, const: ModelConstants) -> dict[str, float]:
     """top-1 and best-of-top-8 (fraction of the grid's best) and Spearman's rho, ranking the grid."""
+    pred = predict_arrays(grid.problem, arch, lower(grid.problem, arch, grid.configs), const).latency_us
+    return rank_scores(pred, grid.measured_us)
+
+
+def rank_scores(pred: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """top-1 and best-of-top-8 of the order of ``pred`` (fractions of the best ``measured``), Spearman's rho."""
     from scipy.stats import spearmanr
 
-    pred = predict_arrays(grid.problem, arch, lower(grid.problem, arch, grid.configs), const).latency_us
     order = np.argsort(pred, kind="stable")
-    best = grid.measured_us.min()
-    return dict(top1=best / grid.measured_us[order[0]], top8=best / grid.measured_us[order[:8]].min(),
-                spearman=float(spearmanr(pred, grid.measured_us).statistic))
+    best = measured.min()
+    return dict(top1=best / measured[order[0]], top8=best / measured[order[:8]].min(),
+                spearman=float(spearmanr(pred, measured).statistic))
+
+
+def holdout_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The command line of the family fits (GEMV, attention): grid files to fit, holdout files to score."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data", help="a directory of grid files, or one file (fitted)")
+    ap.add_argument("--holdout", default=None, help="a directory or file scored with the fitted constants only")
+    ap.add_argument("--arch", default="H200", help="the GPU the grids were measured on")
+    return ap
+
+
+def print_constants(const: Any) -> None:
+    print("fitted constants:")
+    for f in fields(const):
+        print(f"  {f.name} = {getattr(const, f.name):.6g}")
 
 
 def fit_log_space(start: Any, free: tuple[str, ...], bounds: dict[str, tuple[float, float]],

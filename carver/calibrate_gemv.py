@@ -13,16 +13,15 @@ printed constants go into ``carver/gemv_model.py`` by hand (docs/gemv.md says wh
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from .arch import CUDA, GPUArch
-from .calibrate import fit_log_space
+from .calibrate import fit_log_space, holdout_parser, print_constants, rank_scores
 from .gemv_model import GemvConstants, gemv_constants_for
 from .templates import GEMVTemplate, gemv_vec
 
@@ -70,13 +69,7 @@ def _predict(g: GemvGrid, const: GemvConstants) -> np.ndarray:
 
 def score(g: GemvGrid, const: GemvConstants) -> dict[str, float]:
     """top-1 and best-of-top-8 of the model's order (fractions of the grid's best), and Spearman's rho."""
-    from scipy.stats import spearmanr
-
-    pred = _predict(g, const)
-    order = np.argsort(pred, kind="stable")
-    best = g.measured_us.min()
-    return dict(top1=best / g.measured_us[order[0]], top8=best / g.measured_us[order[:8]].min(),
-                spearman=float(spearmanr(pred, g.measured_us).statistic))
+    return rank_scores(_predict(g, const), g.measured_us)
 
 
 def fit(grids: list[GemvGrid], start: GemvConstants, free: tuple[str, ...] = FREE) -> GemvConstants:
@@ -98,20 +91,14 @@ def _report(title: str, grids: list[GemvGrid], const: GemvConstants) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("data", help="a directory of grid files, or one file (fitted)")
-    ap.add_argument("--holdout", default=None, help="a directory or file scored with the fitted constants only")
-    ap.add_argument("--arch", default="H200", help="the GPU the grids were measured on")
-    a = ap.parse_args(argv)
+    a = holdout_parser(__doc__).parse_args(argv)
     arch = CUDA(a.arch)
     grids = load_grids(a.data, arch)
     held = load_grids(a.holdout, arch) if a.holdout else []
     start = gemv_constants_for(arch)
     has_mma = any(c.get("path") == "mma" for g in grids for c in g.configs)
     const = fit(grids, start, FREE + (MMA_FREE if has_mma else ()))
-    print("fitted constants:")
-    for f in fields(const):
-        print(f"  {f.name} = {getattr(const, f.name):.6g}")
+    print_constants(const)
     _report("before (calibration):", grids, start)
     _report("after (calibration):", grids, const)
     if held:

@@ -11,6 +11,7 @@ from tilecarve import quality
 
 GEMM = quality.DATA_ROOT / "h200-gemm-grid"
 GEMV = quality.DATA_ROOT / "gemv-2026-11-21-h200"
+ATTENTION = quality.DATA_ROOT / "attention-2026-11-21-h200"
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +49,48 @@ def test_the_gemm_grids_score_as_docs_carver_md_says(gemm_scores):
 
 def test_every_family_in_the_data_is_scored():
     grids = quality.load_grids(quality.DATA_ROOT)
-    assert {g.family for g in grids} == {"matmul", "gemv"}
+    assert {g.family for g in grids} == {"matmul", "gemv", "attention"}
     gemv = [quality.score_grid(g) for g in grids if g.family == "gemv"]
-    assert len(gemv) == 5
+    assert len(gemv) == 9
     for s in gemv:
-        assert s["n_legal"] == 72 and s["unmeasured"][quality.TILECARVE_HINTS] == 0
+        # the first GEMV grids (SIMT only, 72 configs) predate the mma path: its hints are unmeasured there
+        simt_only = s["n_legal"] == 72
+        assert simt_only or s["n_legal"] >= 100
+        assert simt_only or s["unmeasured"][quality.TILECARVE_HINTS] <= 1
         assert quality.TILELANG_HINTS not in s["recall"]
-        assert all(0 < v <= 1 for v in s["recall"][quality.TILECARVE_HINTS])
+        assert all(v is None or 0 < v <= 1 for v in s["recall"][quality.TILECARVE_HINTS])
         assert -1 <= s["spearman"] <= 1
+    for g in quality.load_grids(GEMV):  # every hint of theirs not measured is an mma one
+        hints = quality.FAMILIES["gemv"].hints(None, g.summary, "H200", 16)
+        mma = sum(h.get("path") == "mma" for h in hints)
+        assert 0 < mma == quality.score_grid(g)["unmeasured"][quality.TILECARVE_HINTS]
     offline = [quality.score_grid(g) for g in grids if g.path.parent.name == "h200-hints-2026-11-21"]
     assert {s["tilelang_hints"] for s in offline} == {"computed offline"}
+
+
+def test_attention_grids_are_scored_without_the_removed_overlap_rows():
+    """The H200 attention files hold 9 overlap configs (all mismatching; the knob is gone): skipped and
+    counted, and the calibrated carver's top-8 holds each file's best (docs/attention.md, Measured)."""
+    scores = [quality.score_grid(g) for g in quality.load_grids(ATTENTION)]
+    assert len(scores) == 6 and {s["family"] for s in scores} == {"attention"}
+    for s in scores:
+        assert s["n_unknown_keys"] == 9 and s["unmeasured"][quality.TILECARVE_HINTS] == 0
+        assert s["n_measured"] == 27 and s["n_legal"] + s["n_dropped"] == 27
+        assert s["best_config"] == {"block_M": 128, "block_N": 128, "num_stages": 1, "threads": 256}
+        assert s["recall"][quality.TILECARVE_HINTS][7] == 1.0 and s["recall"][quality.TILECARVE_RANK][7] == 1.0
+        assert s["spearman"] > 0.9
+
+
+def test_rows_with_keys_the_family_no_longer_has_are_skipped(tmp_path):
+    row = {"config": {"block_M": 128, "block_N": 64, "num_stages": 1, "threads": 256}, "ms": 1.0, "correct": True}
+    gone = {"config": {**row["config"], "overlap": False}, "ms": 0.5, "correct": True}  # would be the best
+    summary = {"family": "attention", "device": "NVIDIA H200",
+               "problem": {"batch": 1, "heads": 8, "seq_len": 1024, "dim": 64}}
+    (tmp_path / "a.json").write_text(json.dumps({"summary": summary, "results": [row, gone]}))
+    (g,) = quality.load_grids(tmp_path)
+    assert g.rows == [row] and g.unknown_keys == 1
+    s = quality.score_grid(g)
+    assert s["best_ms"] == 1.0 and s["n_unknown_keys"] == 1 and s["n_legal"] == 1
 
 
 def test_unknown_family_names_the_fix(tmp_path):

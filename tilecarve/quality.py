@@ -46,11 +46,13 @@ class Family:
     """How to score one kernel family's grids. ``model(summary, arch)`` builds the carver's model of
     the file's problem (it needs ``.rank(configs)`` -> ``Ranking``); ``hints(model, summary, arch, k)``
     gives the carver's top k configs as the tuner measures them (None: the model's rank of the grid);
-    ``defaults``: config keys a file may omit at their default value."""
+    ``defaults``: config keys a file may omit at their default value; ``keys()``: the config keys the
+    family has now (None: any), so rows of a knob since removed are skipped and counted, not scored."""
 
     model: Callable[[Mapping[str, Any], Any], Any]
     hints: Callable[[Any, Mapping[str, Any], Any, int], list[dict[str, Any]]] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
+    keys: Callable[[], tuple[str, ...]] | None = None
 
 
 def _matmul_model(s: Mapping[str, Any], arch: Any) -> Any:
@@ -79,21 +81,48 @@ def _gemv_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dic
     return [c.to_dict() for c in candidates(_gemv_problem(s), arch, k)]
 
 
+def _attention_problem(s: Mapping[str, Any]) -> Any:
+    from carver.attention import AttentionProblem
+
+    return AttentionProblem(**s["problem"])
+
+
+def _attention_model(s: Mapping[str, Any], arch: Any) -> Any:
+    from templates.attention.space import carver_template
+
+    return carver_template(_attention_problem(s), arch)
+
+
+def _attention_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dict[str, Any]]:
+    from templates.attention.space import candidates
+
+    return [c.to_dict() for c in candidates(_attention_problem(s), arch, k)]
+
+
+def _attention_keys() -> tuple[str, ...]:
+    from carver.attention import ATTENTION_KEYS
+
+    return ATTENTION_KEYS
+
+
 #: One entry per family the grids may name (``summary["family"]``). A new family adds one line.
 FAMILIES: dict[str, Family] = {
     "matmul": Family(_matmul_model, lambda m, s, a, k: [h.to_config() for h in m.recommend_hints(topk=k)],
                      defaults={"panel_size": 10, "split_k": 1}),
-    "gemv": Family(_gemv_model, _gemv_hints),
+    "gemv": Family(_gemv_model, _gemv_hints, defaults={"split_k": 1}),
+    "attention": Family(_attention_model, _attention_hints, keys=_attention_keys),
 }
 
 
 @dataclass(frozen=True)
 class Grid:
-    """One measured file: its path, summary and the correct measured rows."""
+    """One measured file: its path, summary and the correct measured rows; ``unknown_keys``: rows (any
+    status) whose config has keys the family's config no longer has, skipped."""
 
     path: Path
     summary: dict[str, Any]
     rows: list[dict[str, Any]]
+    unknown_keys: int = 0
 
     @property
     def family(self) -> str:
@@ -130,19 +159,27 @@ def load_grids(*paths: str | os.PathLike[str]) -> list[Grid]:
             data = json.loads(f.read_text())
             if not (isinstance(data, dict) and {"summary", "results"} <= data.keys()):
                 continue
-            rows = [r for r in data["results"] if r.get("ms") and r.get("correct")]
-            found.append(Grid(f, data["summary"], rows))
+            found.append(Grid(f, data["summary"], data["results"]))
     if not found:
         raise FileNotFoundError(f"no measured grid (a JSON file with 'summary' and 'results') under {paths}")
     unknown = sorted({g.family for g in found} - FAMILIES.keys())
     if unknown:
         raise ValueError(f"grids of family {unknown} have no entry in tilecarve.quality.FAMILIES "
                          f"(known: {sorted(FAMILIES)}); add one")
-    return sorted(found, key=lambda g: (g.family, str(g.path)))
+    return sorted((_known_rows(g) for g in found), key=lambda g: (g.family, str(g.path)))
+
+
+def _known_rows(g: Grid) -> Grid:
+    """``g`` with its correct, timed rows whose keys the family still has (``g.rows`` holds all rows here)."""
+    keys = FAMILIES[g.family].keys
+    have = None if keys is None else set(keys())
+    known = [r for r in g.rows if have is None or set(r["config"]) <= have]
+    rows = [r for r in known if r.get("ms") and r.get("correct")]
+    return Grid(g.path, g.summary, rows, len(g.rows) - len(known))
 
 
 def _key(cfg: Mapping[str, Any], defaults: Mapping[str, int]) -> tuple:
-    return tuple(sorted((k, int(v)) for k, v in cfg.items() if defaults.get(k) != v))
+    return tuple(sorted((k, v if isinstance(v, str) else int(v)) for k, v in cfg.items() if defaults.get(k) != v))
 
 
 def recall_curve(ms: list[float | None], best_ms: float, ks: tuple[int, ...] = KS) -> list[float | None]:
@@ -224,7 +261,7 @@ def score_grid(g: Grid, arch: Any = None, k: int = max(KS)) -> dict[str, Any]:
         unmeasured[TILELANG_HINTS] = sum(m is None for m in ms[: max(KS)])
     return dict(
         family=g.family, label=g.label, file=str(g.path), device=g.summary.get("device"), arch=arch.name,
-        best_ms=best["ms"], best_config=best["config"], n_measured=len(g.rows),
+        best_ms=best["ms"], best_config=best["config"], n_measured=len(g.rows), n_unknown_keys=g.unknown_keys,
         n_legal=len(rank_ms), n_dropped=len(dropped_ms),
         dropped_best_fraction=best["ms"] / min(dropped_ms) if dropped_ms else None,
         spearman=spearman(pred_ms, rank_ms) if len(rank_ms) > 1 else None,

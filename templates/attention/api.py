@@ -76,8 +76,8 @@ def tune(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None = 
          validate_configs: bool = _DEFAULTS.validate_configs, target: Any = _DEFAULTS.target,
          supply_type: Any = _DEFAULTS.supply_type, atol: float = _DEFAULTS.atol, rtol: float = _DEFAULTS.rtol,
          compile_timeout: float = _DEFAULTS.compile_timeout, timing: str = _DEFAULTS.timing) -> Callable[..., Any]:
-    """Tune attention on the local GPU from the carver's top ``topk`` (plus the best overlap config on
-    Hopper) and return the fastest checked kernel, ``O = k(Q, K, V)``; cached like every family."""
+    """Tune attention on the local GPU from the carver's top ``topk`` and return the fastest checked
+    kernel, ``O = k(Q, K, V)``; cached like every family."""
     options = TuneOptions(topk=topk, arch=arch, configs=configs, variants=variants,
                           validate_configs=validate_configs, target=target, supply_type=supply_type, atol=atol,
                           rtol=rtol, compile_timeout=compile_timeout, warmup=warmup, rep=rep, timing=timing)

@@ -1,6 +1,5 @@
 """The attention family's types: its problem (:class:`AttentionProblem`, flash-attention forward in the
-BSHD layout, MHA or GQA, causal or not) and its config (:class:`AttentionConfig`, the four reserved keys
-plus Hopper's ``overlap`` schedule).
+BSHD layout, MHA or GQA, causal or not) and its config (:class:`AttentionConfig`, the four reserved keys).
 
 The problem is the carver's own (``carver.attention.AttentionProblem``, as matmul's is
 ``carver.problem.MatmulProblem``) and the per-key and per-GPU rules are the carver's
@@ -36,17 +35,12 @@ class AttentionConfig(TemplateConfig):
     """One flash-attention kernel: ``block_M`` query rows per CTA, ``block_N`` keys per step of the loop
     over K/V, ``num_stages`` K/V tiles in flight, ``threads`` consumer threads (on Hopper TileLang adds a
     128-thread TMA producer when ``num_stages >= 1``).
-
-    ``overlap`` (Hopper only): the explicit software-pipeline schedule of TileLang's
-    ``example_gqa_fwd_bshd_wgmma_pipelined.py``: per step, ``S = Q K^T`` of step k, then ``P V`` of
-    step k - 1, then the softmax of step k (two stages: ``num_stages`` must be 2).
     """
 
     block_M: int
     block_N: int
     num_stages: int
     threads: int
-    overlap: bool = False
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:

@@ -3,10 +3,10 @@
 One CTA owns ``block_M`` query rows of one (batch, query head) and walks the keys in steps of
 ``block_N``: ``S = Q K^T`` (tensor cores, fp32), the running row max and sum (exp2 with the scale
 folded in), ``O = O * rescale + P V``; at the end ``O / rowsum`` is stored in the input dtype. This is
-TileLang's ``examples/flash_attention/example_gqa_fwd_bshd.py``; ``overlap`` takes the explicit
-software-pipeline schedule of its ``example_gqa_fwd_bshd_wgmma_pipelined.py`` (the softmax of step k
-runs while ``P V`` of step k - 1 is on the tensor cores), written per statement for TileLang 0.1.15,
-whose ``T.Pipelined`` takes ``order``/``stage`` per scheduled statement (no ``group=``).
+TileLang's ``examples/flash_attention/example_gqa_fwd_bshd.py``. (The explicit per-statement
+``T.Pipelined(order=, stage=)`` schedule of its ``example_gqa_fwd_bshd_wgmma_pipelined.py`` was tried as
+an ``overlap`` knob and removed: written for TileLang 0.1.15 it gave wrong results on every shape
+measured on an H200, docs/attention.md.)
 
 Sequence lengths that are not multiples of the blocks:
 
@@ -29,16 +29,7 @@ from .config import AttentionConfig, AttentionProblem, make_problem
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
-__all__ = ["OVERLAP_ORDER", "OVERLAP_STAGE", "kernel", "program"]
-
-#: The overlap schedule, one entry per statement of the loop body below (15 statements: K copy, mask,
-#: S gemm, the nine softmax statements, the O rescale, V copy, P V gemm). Emitted per iteration k as
-#: K copy, mask and S gemm of step k, then O rescale, V copy and P V of step k - 1 (stage 1), then the
-#: softmax of step k: TileLang's wgmma_pipelined example's groups [[0], [1, 2], [3..11], [12], [13],
-#: [14]], order [-1, 0, 3, 1, -1, 2], stage [-1, 0, 0, 1, -1, 1], written per statement with distinct
-#: orders as TileLang 0.1.15 requires.
-OVERLAP_ORDER = [0, 1, 2] + list(range(6, 15)) + [3, 4, 5]
-OVERLAP_STAGE = [0, 0, 0] + [0] * 9 + [1, 1, 1]
+__all__ = ["kernel", "program"]
 
 
 def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
@@ -52,10 +43,7 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
     scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
     q_shape = (B, S, H, D)
     kv_shape = (B, S, problem.kv_heads, D)
-    if config.overlap:
-        pipelined = dict(order=OVERLAP_ORDER, stage=OVERLAP_STAGE)
-    else:
-        pipelined = dict(num_stages=config.num_stages)
+    num_stages = config.num_stages
 
     @T.prim_func
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
@@ -83,7 +71,7 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
             else:
                 steps = T.ceildiv(S, block_N)
 
-            for k in T.Pipelined(steps, **pipelined):
+            for k in T.Pipelined(steps, num_stages=num_stages):
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_shared)
                 if causal:
                     for i, j in T.Parallel(block_M, block_N):
@@ -122,14 +110,13 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
 
 
 def kernel(batch: int, heads: int, seq_len: int, dim: int, block_M: int, block_N: int, num_stages: int,
-           threads: int, overlap: bool = False, kv_heads: int | None = None, causal: bool = False,
+           threads: int, kv_heads: int | None = None, causal: bool = False,
            dtype: str = "float16") -> "PrimFunc":
     """:func:`program` with loose arguments (the kernel function with reserved parameters), checked by
     the rules no GPU escapes first."""
     from .space import require
 
     problem = make_problem(batch, heads, seq_len, dim, kv_heads, causal, dtype)
-    config = AttentionConfig(block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads,
-                             overlap=overlap)
+    config = AttentionConfig(block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads)
     require(problem, config)
     return program(problem, config)

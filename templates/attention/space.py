@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from carver.attention import AttentionTemplate, attention_space, check_attention_config
+from carver.attention import ATTENTION_GRID, AttentionTemplate, attention_space, check_attention_config
 
 from .config import AttentionConfig, AttentionProblem
 
@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 __all__ = ["PER_BLOCK", "candidates", "carver_template", "check", "require", "space"]
 
-#: At most this many of the top-k share a (block_M, block_N): the model is not calibrated on measured
-#: attention grids yet, so the top-k hedges over the tile shape rather than trusting one.
-PER_BLOCK = 2
+#: At most this many of the top-k share a (block_M, block_N): every stage variant of a tile shape (the
+#: calibrated model orders them by margins of ~1%, a near tie that tuning settles), and the rest of the
+#: top-8 on the runner-up shapes, not on the thread variants of the same tile.
+PER_BLOCK = len(ATTENTION_GRID["num_stages"])
 
 
 def carver_template(problem: AttentionProblem, arch: Any = "cuda") -> AttentionTemplate:
@@ -30,8 +31,8 @@ def carver_template(problem: AttentionProblem, arch: Any = "cuda") -> AttentionT
 
 
 def space(problem: AttentionProblem) -> list[AttentionConfig]:
-    """The exhaustive grid (block_M x block_N x num_stages x threads x overlap) less the configs no GPU
-    can run (a warp without 16 rows, overlap off its two stages); a GPU's rules are ``check``'s."""
+    """The exhaustive grid (block_M x block_N x num_stages x threads) less the configs no GPU can run (a
+    warp without 16 rows); a GPU's rules are ``check``'s."""
     return [AttentionConfig(**c) for c in attention_space() if not check_attention_config(problem, c)]
 
 
@@ -49,8 +50,8 @@ def require(problem: AttentionProblem, config: AttentionConfig) -> None:
 def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
                variants: bool = True) -> list[AttentionConfig]:
     """The carver's ranking of :func:`space` for ``arch``, best first, at most :data:`PER_BLOCK` per tile
-    shape until the grid runs out of others (the first is the model's top-1). ``variants``: on Hopper,
-    the best ``overlap=True`` config is appended when none made the top-k, so tuning measures it."""
+    shape until the grid runs out of others (the first is the model's top-1). ``variants``: none for
+    this family."""
     if arch is None:
         raise ValueError("the attention template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     tmpl = carver_template(problem, arch)
@@ -65,6 +66,4 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
         if len(picked) == topk:
             break
     picked += [c for c in ranked if c not in picked][: topk - len(picked)]
-    if variants and not any(c.overlap for c in picked):
-        picked += [c for c in ranked if c.overlap][:1]
     return picked
