@@ -201,7 +201,8 @@ def main() -> int:
         import autotuner
 
         autotuner.use_table(res["tune"]["table"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # this checkout first, and whatever made tilelang importable here (e.g. .gpu/setup.sh) after it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     steps = (("serve", lambda: phase_serve(res, args, env)), ("speed", lambda: phase_speed(res, args, deadline)),
              ("compile", lambda: phase_compile(res, args)))
     for name, run in steps:
