@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -107,6 +109,32 @@ def test_the_device_of_every_trial_is_in_the_database(crash_run):
         assert [t.device for t in stored.finished_run(key).trials.values()] == [t.device for t in result.trials]
     finally:
         stored.close()
+
+
+def _measuring_children() -> list[int]:
+    """Live child processes of this one that serve as measuring processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                serving = b"_serve(" in f.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and serving:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; Linux only")
+def test_no_measuring_thread_or_process_outlives_the_run(crash_run):
+    deadline = time.time() + 15
+    while time.time() < deadline and ([t for t in threading.enumerate() if t.name.startswith("tilecarve-measure")]
+                                      or _measuring_children()):
+        time.sleep(0.1)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("tilecarve-measure")]
+    assert not _measuring_children()
 
 
 def test_mixed_models_are_refused_unless_allowed(monkeypatch):
