@@ -29,20 +29,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-T0 = time.time()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def dump(path: Path, data: Any) -> None:
-    """Write JSON atomically, so a run cut short leaves the last complete file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+from benchlib import T0, dump, log  # noqa: E402
 
 
 def grid(shape: list[int], n: int) -> tuple[Any, list[Any]]:
