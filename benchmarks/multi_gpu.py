@@ -145,7 +145,8 @@ def main() -> None:
                                     "same_winner": one["config"] == every["config"]}
             if not pair["same_winner"] and args.time_limit - (time.time() - T0) > 60:
                 cmp = run_child(args, "compare", {**env, "TILELANG_CACHE_DIR": os.path.join(tl_cache, "1gpu-cold")},
-                                ["--pair", json.dumps([one["config"], every["config"]])], 120)
+                                ["--pair", json.dumps([one["config"], every["config"]])],
+                                min(120.0, args.time_limit - (time.time() - T0) - 10))
                 pair["side_by_side_ms"] = cmp.get("medians_ms", cmp.get("error"))
                 if "medians_ms" in cmp:
                     m1, m2 = cmp["medians_ms"]
