@@ -342,11 +342,15 @@ def _portable(exc: BaseException | None) -> BaseException | None:
 
 
 class IsolatedBench:
-    """A :class:`Bench` in a spawned process, restarted when a candidate kills it."""
+    """A :class:`Bench` in a spawned process, restarted when a candidate kills it.
 
-    def __init__(self, spec: BenchSpec, run_timeout: float) -> None:
+    ``env`` is added to the process's environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
+    """
+
+    def __init__(self, spec: BenchSpec, run_timeout: float, env: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.run_timeout = run_timeout
+        self._env = dict(env or {})
         self._blob = cloudpickle_module().dumps(spec)
         self._glb = kernel_globals(spec.kernel)
         self._sources = kernel_sources(spec.kernel)
@@ -360,7 +364,7 @@ class IsolatedBench:
         # A fresh interpreter rather than multiprocessing's spawn, which re-imports the user's
         # __main__ (re-running a script that lacks an `if __name__ == "__main__"` guard).
         parent, child = multiprocessing.Pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **self._env}
         self._proc = subprocess.Popen(  # dies with this process, even if it is SIGKILLed
             procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()})"),
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
@@ -428,6 +432,13 @@ class IsolatedBench:
         tag, reply = self._call(("retime", index, cfg), self.run_timeout)
         self._raise_for(tag, reply)
         return reply if tag == "ok" else None
+
+    def abort(self) -> None:
+        """Kill the measuring process now, from any thread: a call waiting on it returns at once as
+        ``died``. For a run that stops while this process may be busy with a candidate."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
 
     def local_kernel(self, index: int) -> Any | None:
         """Never: candidates live in the measuring process; the caller loads the winner itself."""

@@ -70,6 +70,7 @@ CREATE TABLE IF NOT EXISTS trials (
     recorded REAL NOT NULL,
     rounds INTEGER,
     spread REAL,
+    device TEXT,
     PRIMARY KEY (key, idx)
 );
 """
@@ -216,7 +217,7 @@ class StoredRun:
 
 def _trial_from_row(row: tuple) -> tuple[int, Trial]:
     """``(idx, Trial)`` from a trials row, or :class:`DamagedRow` saying what is wrong with it."""
-    idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread = row
+    idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread, device = row
     if not isinstance(idx, int) or idx < 0:
         raise DamagedRow(f"trial index {idx!r}")
     try:
@@ -234,8 +235,10 @@ def _trial_from_row(row: tuple) -> tuple[int, Trial]:
         raise DamagedRow(f"trial {idx}: status ok without a positive latency ({median_ms!r})")
     if error is not None and not isinstance(error, str):
         raise DamagedRow(f"trial {idx}: error {error!r}")
+    if device is not None and not isinstance(device, str):
+        raise DamagedRow(f"trial {idx}: device {device!r}")
     return idx, Trial(cfg, status, error, compile_s, median_ms, min_ms, iqr_ms,
-                      rounds if isinstance(rounds, int) else None, spread)
+                      rounds if isinstance(rounds, int) else None, spread, device)
 
 
 def _run_numbers(best: Any, best_ms: Any, ref_ms: Any) -> dict[str, Any] | None:
@@ -256,6 +259,7 @@ def _run_numbers(best: Any, best_ms: Any, ref_ms: Any) -> dict[str, Any] | None:
 EXPORT_FORMAT = "tilecarve-tuning-cache/1"
 _RUN_COLUMNS = ("key", "kernel", "target", "created", "finished", "best_config", "best_latency_ms", "ref_latency_ms",
                 "n_configs", "meta", "best_prim")
+# and "device", optional (files exported before it lack it)
 _TRIAL_COLUMNS = ("idx", "config", "status", "error", "compile_s", "median_ms", "min_ms", "iqr_ms", "recorded",
                   "rounds", "spread")
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -321,8 +325,8 @@ def check_exported_run(run: Any) -> dict[str, Any]:
     for t in run["trials"]:
         if not isinstance(t, Mapping) or any(c not in t for c in _TRIAL_COLUMNS):
             raise DamagedRow(f"run {key[:12]}: a trial must be an object with {list(_TRIAL_COLUMNS)}, got {t!r}")
-        idx, trial = _trial_from_row(tuple(json.dumps(t[c]) if c == "config" else t[c]
-                                           for c in _TRIAL_COLUMNS if c != "recorded"))
+        idx, trial = _trial_from_row((*(json.dumps(t[c]) if c == "config" else t[c]
+                                        for c in _TRIAL_COLUMNS if c != "recorded"), t.get("device")))
         if idx >= n or idx in trials or not isinstance(t["recorded"], (int, float)):
             raise DamagedRow(f"run {key[:12]}: trial {idx} is repeated, beyond n_configs={n}, or has no time")
         trials[idx] = (trial, float(t["recorded"]))
@@ -376,7 +380,8 @@ class TuningDB:
                 if stmt.strip():
                     conn.execute(stmt)
             for table, column, decl in (("runs", "best_prim", "TEXT"), ("trials", "rounds", "INTEGER"),
-                                        ("trials", "spread", "REAL")):  # files from before these columns
+                                        ("trials", "spread", "REAL"),
+                                        ("trials", "device", "TEXT")):  # files from before these columns
                 have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
@@ -434,8 +439,8 @@ class TuningDB:
     def trials(self, key: str) -> dict[int, Trial]:
         """The trials recorded under ``key``; :class:`DamagedRow` if one is not sound."""
         rows = self._conn.execute(
-            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread FROM trials "
-            "WHERE key=? ORDER BY idx", (key,)).fetchall()
+            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread, device "
+            "FROM trials WHERE key=? ORDER BY idx", (key,)).fetchall()
         return dict(_trial_from_row(r) for r in rows)
 
     def open_run(self, key: str, kernel: str, target: str, n_configs: int, meta: dict[str, Any]) -> None:
@@ -470,9 +475,9 @@ class TuningDB:
     def _insert_trial(self, key: str, idx: int, trial: Trial, recorded: float) -> None:
         self._conn.execute(
             "INSERT OR REPLACE INTO trials (key, idx, config, status, error, compile_s, median_ms, min_ms, "
-            "iqr_ms, recorded, rounds, spread) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "iqr_ms, recorded, rounds, spread, device) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key, idx, config_to_json(trial.config), str(trial.status), trial.error, trial.compile_s,
-             trial.median_ms, trial.min_ms, trial.iqr_ms, recorded, trial.rounds, trial.spread))
+             trial.median_ms, trial.min_ms, trial.iqr_ms, recorded, trial.rounds, trial.spread, trial.device))
 
     def finish_run(self, key: str, best: Trial | None, ref_ms: float | None, best_prim: str | None = None) -> None:
         with self._tx():
@@ -522,7 +527,8 @@ class TuningDB:
             recorded = dict(self._conn.execute("SELECT idx, recorded FROM trials WHERE key=?", (key,)).fetchall())
             run["trials"] = [{"idx": i, "config": t.config, "status": str(t.status), "error": t.error,
                               "compile_s": t.compile_s, "median_ms": t.median_ms, "min_ms": t.min_ms,
-                              "iqr_ms": t.iqr_ms, "recorded": recorded[i], "rounds": t.rounds, "spread": t.spread}
+                              "iqr_ms": t.iqr_ms, "recorded": recorded[i], "rounds": t.rounds, "spread": t.spread,
+                              "device": t.device}
                              for i, t in sorted(self.trials(key).items())]
             out.append(run)
         return out

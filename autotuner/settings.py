@@ -25,7 +25,7 @@ TIMING_BACKENDS = ("event", "cudagraph")
 
 @dataclass(frozen=True)
 class _Rule:
-    kind: str  # "number", "int", "bool", "choice"
+    kind: str  # "number", "int", "bool", "choice", "devices"
     lo: float | None = None
     lo_open: bool = False  # lo itself is refused
     hi: float | None = None
@@ -56,6 +56,8 @@ _RULES: dict[str, _Rule] = {
     "cache_input_tensors": _Rule("bool"),
     "timing": _Rule("choice", choices=TIMING_MODES),
     "timing_backend": _Rule("choice", choices=TIMING_BACKENDS),
+    "allow_mixed_devices": _Rule("bool"),
+    "devices": _Rule("devices", optional=True, hint='"all", or a list of device indices such as [0, 1]'),
 }
 
 
@@ -64,6 +66,8 @@ def check_setting(name: str, value: Any) -> Any:
     rule = _RULES[name]
     if value is None and rule.optional:
         return None
+    if rule.kind == "devices":
+        return _check_devices(name, value, rule.hint)
     if rule.kind == "bool":
         if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy.bool_ is accepted
             raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -90,6 +94,26 @@ def check_setting(name: str, value: Any) -> Any:
     if name == "n_jobs" and value == 0:
         raise ValueError(f"n_jobs must be a positive number of workers or -1 for all cores, got {value!r}")
     return value
+
+
+def _check_devices(name: str, value: Any, hint: str) -> str | tuple[int, ...]:
+    """``"all"`` or a non-empty tuple of distinct device indices (checked against the host at ``run``)."""
+    if isinstance(value, str):
+        if value != "all":
+            raise ValueError(f"{name} must be {hint}, got {value!r}")
+        return value
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        raise TypeError(f"{name} must be {hint}, got {value!r}; one device is a list of one: [{value!r}]")
+    if not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be {hint}, got {value!r}")
+    out = []
+    for i in value:
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0:
+            raise ValueError(f"{name} entries must be device indices >= 0, got {i!r} in {value!r}")
+        out.append(int(i))
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"{name} must name at least one device, each once ({hint}), got {value!r}")
+    return tuple(out)
 
 
 def check_out_idx(out_idx: Any) -> list[int] | None:
@@ -226,9 +250,15 @@ class RunSettings:
     db_path: Any = _keyed(None, key=False)
     progress: bool = _keyed(True, key=False)
     recheck: bool = _keyed(True, key=False)
+    devices: str | tuple[int, ...] | None = _keyed(None, key=False)  # None: one measuring process, as always
+    allow_mixed_devices: bool = _keyed(False, key=False)
 
     def __post_init__(self) -> None:
-        _validate(self, ("n_jobs", "isolate", "run_timeout", "cache", "progress", "recheck"))
+        _validate(self, ("n_jobs", "isolate", "run_timeout", "cache", "progress", "recheck", "devices",
+                         "allow_mixed_devices"))
+        if self.devices is not None and not self.isolate:
+            raise ValueError(f"devices={self.devices!r} measures in one isolated process per device; "
+                             "it needs isolate=True (drop isolate=False, or devices)")
         if self.backend is not None and not isinstance(self.backend, str):
             raise TypeError(f"backend must be a joblib backend name such as 'loky', got {self.backend!r}")
         if self.db_path is not None and not isinstance(self.db_path, (str, bytes)) and not hasattr(

@@ -34,6 +34,9 @@ class Trial:
 
     ``rounds`` and ``spread`` are set for finalists, re-timed in interleaved rounds: ``median_ms`` is
     then the median of the rounds' medians and ``spread`` is ``(slowest - fastest round) / median_ms``.
+    ``device`` is where it was measured (``"cuda:1"``; the model too when models were mixed) when
+    tuning on several devices (``set_tuning(devices=...)``), else ``None``; a finalist's is the one
+    device all finalists were re-timed on.
     """
 
     config: dict[str, Any]
@@ -45,6 +48,7 @@ class Trial:
     iqr_ms: float | None = None
     rounds: int | None = None
     spread: float | None = None
+    device: str | None = None
 
     @property
     def latency(self) -> float | None:

@@ -30,6 +30,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +40,7 @@ from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function
 from .check import torch_dtype
 from .compile import compile_all, tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
+from .devices import Device, DevicePool, resolve_devices
 from .errors import TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
 from .settings import (
@@ -159,8 +161,9 @@ class TuneResult:
 
             head = error_headline(t.error, 80)
             err = f"  [{head}]" if head else ""
+            on = f"  on {t.device}" if t.device else ""
             lines.append(f"{str(t.status):<15}{f(t.median_ms, 11)}{f(t.min_ms, 10)}{f(t.iqr_ms, 9)}"
-                         f"{f(t.compile_s, 11)}  {config_label(t.config)}{err}")
+                         f"{f(t.compile_s, 11)}  {config_label(t.config)}{on}{err}")
         text = "\n".join(lines)
         print(text, file=file or sys.stderr)
         return text
@@ -312,7 +315,8 @@ class AutoTuner:
                    progress: bool = True, backend: str | None = None, isolate: bool = True,
                    run_timeout: float = 120.0, timing: str = "burst", timing_backend: str | None = None,
                    sustain_s: float = 0.5, finalist_margin: float = 0.03, finalist_rounds: int = 5,
-                   max_finalists: int = 8, recheck: bool = True) -> AutoTuner:
+                   max_finalists: int = 8, recheck: bool = True, devices: str | Iterable[int] | None = None,
+                   allow_mixed_devices: bool = False) -> AutoTuner:
         """How the run is carried out.
 
         * ``n_jobs`` compile workers (default all cores) on joblib ``backend`` (default forked
@@ -332,8 +336,15 @@ class AutoTuner:
           lowest median over those rounds, and each finalist's spread is recorded.
         * ``recheck``: a winner served from the database, or loaded again in this process, is
           checked once against the reference before it is returned.
+        * ``devices``: ``None`` (one measuring process on the current GPU), ``"all"`` or GPU indices such
+          as ``[0, 1]``: one isolated measuring process per GPU, fed from one queue as candidates finish
+          compiling; finalists are re-timed on the first. GPUs of different models are refused unless
+          ``allow_mixed_devices``. On the C target, ``devices`` are that many CPU measuring processes.
         """
-        self.run_settings = RunSettings(n_jobs, backend, isolate, run_timeout, cache, db_path, progress, recheck)
+        if devices is not None and not isinstance(devices, str):
+            devices = tuple(devices) if isinstance(devices, Iterable) else devices
+        self.run_settings = RunSettings(n_jobs, backend, isolate, run_timeout, cache, db_path, progress, recheck,
+                                        devices, allow_mixed_devices)
         self.timing_settings = replace(
             self.timing_settings, timing=timing, sustain_s=sustain_s, finalist_margin=finalist_margin,
             finalist_rounds=finalist_rounds, max_finalists=max_finalists,
@@ -373,7 +384,13 @@ class AutoTuner:
         if self.timing_settings.timing_backend == "cudagraph" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
-        key = tuning_key(self.fn, self.configs, target.key(), self._key_settings())
+        rs = self.run_settings
+        devices = resolve_devices(rs.devices, target.kind, rs.allow_mixed_devices) if rs.devices is not None else None
+        target_key = target.key()
+        names = sorted({d.name for d in devices or []})
+        if target.kind == "cuda" and names and names != [target.device_name]:
+            target_key += "|measured_on=" + ",".join(names)  # other models than the one the target names
+        key = tuning_key(self.fn, self.configs, target_key, self._key_settings())
         spec = BenchSpec(self.fn, target.spec, target.device, self.compile_settings.pass_config_dict, c,
                          self.timing_settings)
         db = TuningDB(self.run_settings.db_path) if self.run_settings.cache else None
@@ -385,7 +402,7 @@ class AutoTuner:
                     hit = self._from_cache(db, key, target, spec, t_start)
                     if hit is not None:
                         return hit
-                return _Run(self, db, key, target, spec, t_start).tune()
+                return _Run(self, db, key, target, spec, t_start, devices).tune()
             finally:
                 if db is not None:
                     db.close()
@@ -513,8 +530,9 @@ class _Run:
     """One cold (or resumed) tuning run, step by step: :meth:`tune` reads as the module docstring."""
 
     def __init__(self, tuner: AutoTuner, db: TuningDB | None, key: str, target: ResolvedTarget, spec: BenchSpec,
-                 t_start: float) -> None:
+                 t_start: float, devices: list[Device] | None = None) -> None:
         self.t, self.db, self.key, self.target, self.spec, self.t_start = tuner, db, key, target, spec, t_start
+        self.devices = devices
         self.trials: list[Trial | None] = [None] * len(tuner.configs)
         self.bar: Any = None
         self.phases: dict[str, float] = {}
@@ -526,7 +544,8 @@ class _Run:
         t, rs = self.t, self.t.run_settings
         self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
                         disable=not rs.progress, leave=False)
-        bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
+        bench: Measurer = (DevicePool(self.spec, rs.run_timeout, self.devices) if self.devices
+                           else make_measurer(self.spec, rs.isolate, rs.run_timeout))
         try:
             to_compile = self._resume_and_validate()
             self._mark("start")
@@ -617,13 +636,26 @@ class _Run:
         outcomes = compile_all(t.fn, t.configs, indices, self.target.spec,
                                timeout=t.compile_settings.compile_timeout, n_jobs=rs.n_jobs,
                                pass_configs=t.compile_settings.pass_config_dict, backend=rs.backend)
+        pending: set[Future] = set()
         with contextlib.closing(outcomes):  # a failure here shuts the compile pool down at once
             for out in outcomes:
                 cfg = t.configs[out.index]
                 if out.status != Status.OK:
                     self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
+                elif isinstance(bench, DevicePool):  # the next free device measures it
+                    pending.add(bench.submit(out.index, cfg, out.seconds))
+                    self._collect(pending, block=False)
                 else:
                     self._record(out.index, bench.measure(out.index, cfg, out.seconds))
+        while pending:
+            self._collect(pending, block=True)
+
+    def _collect(self, pending: set[Future], block: bool) -> None:
+        """Record the trials of the devices that have finished (waiting for one if ``block``)."""
+        done, _ = wait(pending, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for fut in done:
+            pending.discard(fut)
+            self._record(*fut.result())
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
         """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
@@ -638,6 +670,7 @@ class _Run:
         finalists = [i for i in ok if self.trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
         finalists = (finalists if len(finalists) >= 2 else ok[:2])[: t.max_finalists]
         rounds: dict[int, list[Any]] = {i: [] for i in finalists}
+        on = bench.finalist_device if isinstance(bench, DevicePool) else None  # every finalist on one device
         for r in range(t.finalist_rounds):
             k = r % len(finalists)
             for i in finalists[k:] + finalists[:k]:
@@ -646,7 +679,7 @@ class _Run:
                     if timing is None:  # it died or hung when run again: not a kernel to return
                         old = self.trials[i]
                         self._record(i, Trial(old.config, Status.RUNTIME_ERROR, "died or hung when re-timed as a "
-                                              "finalist", old.compile_s))
+                                              "finalist", old.compile_s, device=on))
                         del rounds[i]
                     else:
                         rounds[i].append(timing)
@@ -656,7 +689,7 @@ class _Run:
             old = self.trials[i]
             self.trials[i] = Trial(old.config, Status.OK, None, old.compile_s, med, min(x.min_ms for x in timings),
                                    statistics.median(x.iqr_ms for x in timings), len(timings),
-                                   (max(medians) - min(medians)) / med)
+                                   (max(medians) - min(medians)) / med, on)
             if self.db is not None:
                 self.db.record_trial(self.key, i, self.trials[i])
         return list(rounds)

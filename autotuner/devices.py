@@ -1,0 +1,231 @@
+"""Measuring on several devices of one host (``set_tuning(devices="all" | [0, 1, ...])``).
+
+One isolated measuring process per device (:class:`.bench.IsolatedBench`, pinned to its GPU with
+``CUDA_VISIBLE_DEVICES``), each owned by a thread that lives as long as the run: the measuring
+process dies with the thread that started it (``PR_SET_PDEATHSIG``), and its restarts after a crash
+or a hang happen in that thread too. Candidates go into one queue as they finish compiling and the
+next free device takes the next one, so a faster device measures more (no fixed chunks). A crash or
+a hang costs one candidate on one device and restarts that device's process only.
+
+Timings from two GPU models do not compare, so devices of different models are refused unless the
+caller allows them (``allow_mixed_devices=True``); every trial records its device. Finalists are
+re-timed on one device, the first listed, so the pick never depends on which device measured what.
+On the C target the indices are fake devices: that many CPU measuring processes, so the scheduler
+runs on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .bench import BenchSpec, IsolatedBench
+from .timing import Timing
+from .trial import Trial
+
+__all__ = ["Device", "DevicePool", "device_count", "device_name", "resolve_devices"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One measuring device: its index in this process, the label its trials record, its model and the
+    environment its measuring process gets."""
+
+    index: int
+    label: str
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def device_name(kind: str, index: int) -> str:
+    """The model of device ``index`` (``torch.cuda.get_device_name``; ``"cpu"`` for the C target's fake
+    devices): two devices whose timings compare have the same name. Tests replace this function."""
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(index)
+    return "cpu"
+
+
+def device_count(kind: str) -> int:
+    """How many devices ``"all"`` means: the visible GPUs, or on the C target the CPU cores."""
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def resolve_devices(devices: str | Sequence[int], kind: str, allow_mixed: bool) -> list[Device]:
+    """The devices ``devices`` names on this host, checked: every index exists (GPUs), and all are one
+    model unless ``allow_mixed``. A GPU's index is this process's (torch's), mapped through this
+    process's ``CUDA_VISIBLE_DEVICES`` for the measuring process."""
+    count = device_count(kind)
+    indices = list(range(count)) if devices == "all" else list(devices)
+    if kind == "cuda":
+        missing = [i for i in indices if i >= count]
+        if missing or not indices:
+            raise ValueError(f"devices={devices!r}: this process sees {count} GPU(s) (indices 0 to {count - 1}), "
+                             f"so {missing or 'none'} cannot be used; name existing indices, or devices='all'")
+    names = [device_name(kind, i) for i in indices]
+    mixed = len(set(names)) > 1
+    if mixed and not allow_mixed:
+        listing = ", ".join(f"{i}: {n}" for i, n in zip(indices, names))
+        raise ValueError(f"devices={devices!r} are different models ({listing}); timings on one do not compare "
+                         "with timings on another. Name devices of one model, e.g. "
+                         f"devices={[i for i, n in zip(indices, names) if n == names[0]]}, or pass "
+                         "set_tuning(allow_mixed_devices=True) to rank across them anyway (finalists are "
+                         f"re-timed on device {indices[0]}, and every trial records its device)")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    physical = [v.strip() for v in visible.split(",")] if visible else None
+    prefix = "cuda" if kind == "cuda" else "cpu"
+    out = []
+    for i, name in zip(indices, names):
+        env = {"CUDA_VISIBLE_DEVICES": physical[i] if physical and i < len(physical) else str(i)} \
+            if kind == "cuda" else {}
+        out.append(Device(i, f"{prefix}:{i}" + (f" ({name})" if mixed else ""), name, env))
+    return out
+
+
+_Job = tuple[Future, Callable[["_Worker"], Any]]
+
+
+class _Worker(threading.Thread):
+    """The thread that owns one device's measuring process and runs the jobs it takes."""
+
+    def __init__(self, pool: DevicePool, device: Device, spec: BenchSpec, run_timeout: float) -> None:
+        super().__init__(name=f"tilecarve-measure-{device.label}", daemon=True)
+        self.pool, self.device, self._spec, self._run_timeout = pool, device, spec, run_timeout
+        self.inbox: deque[_Job | None] = deque()  # jobs for this device only (finalists); None: stop
+        self.bench: IsolatedBench | None = None
+        self.busy = False
+        self.measured = 0
+
+    def run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self.bench = IsolatedBench(self._spec, self._run_timeout, self.device.env)
+        except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
+            error = e
+        while (job := self.pool._take(self)) is not None:
+            fut, fn = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            self.busy = True
+            try:
+                if error is not None:
+                    raise error
+                fut.set_result(fn(self))
+            except BaseException as e:  # noqa: BLE001 - raised again where the caller reads the result
+                fut.set_exception(e)
+            finally:
+                self.busy = False
+        if self.bench is not None:
+            self.bench.close()
+
+
+class DevicePool:
+    """One :class:`.bench.IsolatedBench` per device behind one queue; what :class:`.bench.Measurer` asks
+    of one device, plus :meth:`submit`, which measures on the next free device."""
+
+    def __init__(self, spec: BenchSpec, run_timeout: float, devices: Sequence[Device]) -> None:
+        if not devices:
+            raise ValueError("a DevicePool needs at least one device")
+        self._cond = threading.Condition()
+        self._shared: deque[_Job] = deque()
+        self._closed = False
+        self._measured_on: dict[int, _Worker] = {}
+        self._workers = [_Worker(self, d, spec, run_timeout) for d in devices]
+        for w in self._workers:
+            w.start()
+        logger.info("measuring on %d devices: %s", len(devices), ", ".join(d.label for d in devices))
+
+    @property
+    def finalist_device(self) -> str:
+        """The label of the device the finalists are re-timed on (the first one)."""
+        return self._workers[0].device.label
+
+    def measured_per_device(self) -> dict[str, int]:
+        """How many candidates each device has measured so far, by label."""
+        return {w.device.label: w.measured for w in self._workers}
+
+    def _take(self, worker: _Worker) -> _Job | None:
+        with self._cond:
+            while True:
+                if worker.inbox:
+                    return worker.inbox.popleft()
+                if self._shared and not self._closed:
+                    return self._shared.popleft()
+                self._cond.wait()
+
+    def submit(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Future:
+        """Measure ``cfg`` on the next free device; the future's result is ``(index, trial)``, the trial
+        carrying its device's label."""
+        def job(w: _Worker) -> tuple[int, Trial]:
+            trial = w.bench.measure(index, cfg, compile_s)
+            self._measured_on[index] = w
+            w.measured += 1
+            return index, replace(trial, device=w.device.label)
+
+        fut: Future = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the device pool is closed")
+            self._shared.append((fut, job))
+            self._cond.notify()
+        return fut
+
+    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        """:meth:`submit` and wait: one candidate on the next free device."""
+        return self.submit(index, cfg, compile_s).result()[1]
+
+    def _on_first(self, fn: Callable[[_Worker], Any]) -> Any:
+        """Run ``fn`` on the first device's thread and wait for it."""
+        fut: Future = Future()
+        worker = self._workers[0]
+        with self._cond:
+            worker.inbox.append((fut, fn))
+            self._cond.notify_all()
+        return fut.result()
+
+    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
+        """Time a candidate again on the first device (it loads the kernel, a disk-cache hit, when another
+        device measured it): every finalist is timed on that one device."""
+        return self._on_first(lambda w: w.bench.retime(index, cfg))
+
+    def fetch_ref_latency(self) -> float | None:
+        """The reference's latency on the first device (where the finalists were timed)."""
+        return self._on_first(lambda w: w.bench.fetch_ref_latency())
+
+    def local_kernel(self, index: int) -> Any | None:
+        """Never: candidates live in the measuring processes; the caller loads the winner itself."""
+        return None
+
+    def measured_hash(self, index: int) -> str | None:
+        """The PrimFunc hash of the kernel checked and timed as ``index``, on whichever device did it."""
+        w = self._measured_on.get(index)
+        return w.bench.measured_hash(index) if w is not None and w.bench is not None else None
+
+    def close(self) -> None:
+        """Cancel what no device has taken, kill the measuring processes still busy with a candidate (a run
+        that stops early), and let each thread close its process and end. Returns at once."""
+        with self._cond:
+            self._closed = True
+            pending = list(self._shared)
+            self._shared.clear()
+            for w in self._workers:
+                w.inbox.append(None)
+            self._cond.notify_all()
+        for fut, _ in pending:
+            fut.cancel()
+        for w in self._workers:
+            if w.busy and w.bench is not None:
+                w.bench.abort()
