@@ -59,6 +59,7 @@ __all__ = [
     "GeneralReductionTemplate",
     "KernelHint",
     "KernelPrediction",
+    "gemv_mma_misaligned",
     "gemv_mma_threads",
     "gemv_space",
     "gemv_vec",
@@ -384,6 +385,13 @@ def gemv_mma_threads(block_N: int) -> int:
     return min(128, max(1, block_N // 8) * 32)
 
 
+def gemv_mma_misaligned(K: int, dtype: str) -> bool:
+    """Rows of x and W not on 4-byte boundaries (odd K in 16-bit types): TileLang 0.1.15 then emits 2-byte
+    ``cp.async`` copies for some mma tiles, which PTX does not have (the compile fails; measured on an H200,
+    2026-11-21, K = 4097 and 14337), so the mma path is not offered; the SIMT path loads such rows."""
+    return K * dtype_bytes(dtype) % 4 != 0
+
+
 def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
     """The GEMV kernel's whole grid for this K and dtype, SIMT then mma, in the carver's dict form.
 
@@ -398,6 +406,8 @@ def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
         if bn * rt % 32 == 0:
             out.append(dict(block_N=bn, block_K=rt * vec * un, thread_num=bn * rt))
     for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values()):
+        if gemv_mma_misaligned(K, dtype):
+            break
         smem = st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024
         if smem <= MAX_SMEM_PER_BLOCK and sk <= split_k_limit(K, bk):
             out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
@@ -513,6 +523,10 @@ class GEMVTemplate(GeneralReductionTemplate):
 
     def _rules(self, c: dict[str, Any]) -> list[str]:
         if c.get("path") == "mma":
+            if gemv_mma_misaligned(self.K, self.dtype):
+                return [f"the mma path needs rows of x and W on 4-byte boundaries (K * {dtype_bytes(self.dtype)} bytes "
+                        f"a multiple of 4), got K={self.K}: TileLang 0.1.15 would copy them in 2-byte cp.async "
+                        f"pieces, which PTX lacks; use path='simt' (the default) for this K"]
             if tuple(c.values()) in self._mma_ok:
                 return []
             return check_matmul_config(self.matmul_problem, self._matmul_config(c), self._need_arch())
