@@ -288,10 +288,23 @@ def test_tune_report_of_a_real_result(tuned, capsys):
 
 
 # ----------------------------------------------------------------------------------------- quality
-@pytest.mark.skipif(importlib.util.find_spec("tilecarve.quality") is not None, reason="the module is installed")
-def test_quality_without_its_module_says_so(tmp_path, capsys):
+def test_quality_writes_the_real_report_for_shipped_data(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="pip install -e '.[test]' for matplotlib")
+    data = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "gemv-2026-11-21b-h200"
+    code, out, _ = run(capsys, "quality", str(data), "--arch", "H200", "--out", str(tmp_path), "--json")
+    summary = json.loads(out)
+    assert code == 0 and "gemv" in json.dumps(summary)
+    pngs = sorted(tmp_path.glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_quality_names_a_missing_dependency(tmp_path, capsys, monkeypatch):
+    def no_matplotlib(name: str):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr("tilecarve.cli.importlib.import_module", no_matplotlib)
     code, _, err = run(capsys, "quality", str(tmp_path))
-    assert code == 1 and "the quality report module is missing" in err
+    assert code == 1 and "needs matplotlib" in err and "tilecarve[bench]" in err
 
 
 def test_quality_writes_into_a_fresh_temp_dir_by_default(tmp_path, capsys, monkeypatch):
