@@ -1,4 +1,4 @@
-"""What the family benchmarks share (``attention.py``; ``gemv.py`` has its own copy to fold in): a log
+"""What the family benchmarks share (``attention.py``, ``gemv.py``, ``multi_gpu.py``): a log
 with elapsed time, JSON written atomically after every step, a time limit, compiling a family's configs
 in threads, and measuring one problem's configs: checked against the family's reference, then timed.
 

@@ -41,6 +41,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from benchlib import T0, dump, log  # noqa: E402
 
 CAL = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (16, 11008, 4096)]
 HOLDOUT = [(1, 14336, 4096), (4, 4096, 14336), (16, 14336, 4096), (4, 128256, 4096)]
@@ -50,18 +53,6 @@ QUICK_CAL = [(1, 4096, 4096), (16, 4096, 4096)]
 QUICK_HOLDOUT = [(4, 4096, 14336)]
 QUICK_LLAMA = [(4096, 4096), (14336, 4096)]
 
-T0 = time.time()
-
-
-def log(msg: str) -> None:
-    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def dump(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 class Bench:
