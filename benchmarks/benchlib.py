@@ -78,10 +78,12 @@ class Clock:
 
 def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: Sequence[Any], ref: Any,
                     clock: Clock, jobs: int, atol: float = 1e-2, rtol: float = 1e-2,
-                    extra: Callable[[float], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+                    extra: Callable[[float], dict[str, Any]] | None = None,
+                    kernels: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Compile ``configs``, check each output against ``ref`` (zero mismatches allowed) and time the ones
     that pass. One row per config: ``config``, ``compile_s``, ``error``, ``mismatches``, ``correct``,
-    ``ms`` and what ``extra(ms)`` adds (e.g. TFLOP/s)."""
+    ``ms`` and what ``extra(ms)`` adds (e.g. TFLOP/s). ``kernels``, when given, receives each checked
+    kernel under :func:`config_id` of its config, for a caller that runs the winner again."""
     import torch
 
     rows = []
@@ -95,6 +97,8 @@ def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: S
                 row.update(correct=bad == 0, mismatches=bad)
                 if bad == 0:
                     row["ms"] = clock.time(lambda k=k: k(*inputs))
+                    if kernels is not None:
+                        kernels[config_id(row["config"])] = k
                     row.update(extra(row["ms"]) if extra else {})
             except Exception as e:  # a kernel that fails at run time is recorded too
                 row["error"] = error_text(e)
@@ -105,13 +109,18 @@ def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: S
     return rows
 
 
+def config_id(config: dict[str, Any]) -> str:
+    """A config dict as a key: its JSON with sorted keys."""
+    return json.dumps(config, sort_keys=True)
+
+
 def score_hints(rows: list[dict[str, Any]], hints: Sequence[Any]) -> dict[str, Any]:
     """The exhaustive best among ``rows`` and the carver's hints scored against it: top-1 and best of
     the hints as fractions of the best (1.0 = the hints found it); ``None`` where nothing was measured."""
     ok = [r for r in rows if r["ms"] is not None]
     best = min(ok, key=lambda r: r["ms"]) if ok else None
-    by_cfg = {json.dumps(r["config"], sort_keys=True): r for r in rows}
-    hint_ms = [by_cfg.get(json.dumps(h.to_dict(), sort_keys=True), {}).get("ms") for h in hints]
+    by_cfg = {config_id(r["config"]): r for r in rows}
+    hint_ms = [by_cfg.get(config_id(h.to_dict()), {}).get("ms") for h in hints]
     measured = [m for m in hint_ms if m is not None]
     return {
         "best": best,

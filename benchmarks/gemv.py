@@ -35,7 +35,6 @@ import os
 import sys
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from benchlib import T0, dump, log  # noqa: E402
+from benchlib import T0, compile_all, dump, log  # noqa: E402
 
 CAL = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (16, 11008, 4096)]
 HOLDOUT = [(1, 14336, 4096), (4, 4096, 14336), (16, 14336, 4096), (4, 128256, 4096)]
@@ -86,20 +85,9 @@ class Bench:
         return x, W, ref
 
     def compile_all(self, problem: Any, configs: list[Any]) -> list[tuple[Any, Any, float, str | None]]:
-        import tilelang
-
         from templates.gemv import GEMV
 
-        def one(cfg: Any) -> tuple[Any, Any, float, str | None]:
-            t = time.time()
-            try:
-                k = tilelang.compile(GEMV.program(problem, cfg), out_idx=[-1], target="cuda")
-                return cfg, k, time.time() - t, None
-            except Exception as e:  # a failing config is a result (STYLE.md 6), recorded with its message
-                return cfg, None, time.time() - t, f"{type(e).__name__}: {str(e)[-400:]}"
-
-        with ThreadPoolExecutor(self.args.jobs) as pool:
-            return list(pool.map(one, configs))
+        return compile_all(GEMV, problem, configs, self.args.jobs)
 
     def measure(self, M: int, N: int, K: int, dtype: str, configs: list[Any] | None = None) -> dict[str, Any]:
         """Compile, check and time ``configs`` (default: the whole space) for one shape."""
