@@ -156,7 +156,8 @@ class KeyedKernel:
         self._chosen: dict[tuple, tuple[dict[str, Any], str, float | None]] = {}
         self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
         self._untuned: dict[tuple, int] = {}
-        self._fast: dict[tuple, Any] = {}  # the call's own key values -> kernel, while nothing is recording
+        # the call's own key values -> (kernel, its bucket if a fallback serves it), while nothing is recording
+        self._fast: dict[tuple, tuple[Any, tuple | None]] = {}
         self._section: tuple[TunedTable, KernelSection | None] | None = None
         self._source: str | None = None
         self._target: Any = None
@@ -209,7 +210,11 @@ class KeyedKernel:
         except (KeyError, TypeError):  # a missing name or an unhashable value: the slow path says what is wrong
             fast = raw = None
         if fast is not None:
-            return fast
+            kernel, untuned = fast
+            if untuned is not None:  # a fallback: still counted per call (autotuner.untuned())
+                with self._lock:
+                    self._untuned[untuned] = self._untuned.get(untuned, 0) + 1
+            return kernel
         exact = self._exact(key)
         b = self._bucket(exact)
         for listener in list(_LISTENERS):
@@ -230,8 +235,8 @@ class KeyedKernel:
             if hit is None or hit[0] is not chosen[0]:
                 hit = (chosen[0], self._compile(exact, chosen[0]))
                 self._compiled[ck] = hit
-            if chosen[1] != "fallback" and raw is not None:  # fallback calls are counted: no fast path
-                self._fast[raw] = hit[1]
+            if raw is not None:
+                self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None)
         return hit[1]
 
     def config_for(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:

@@ -23,6 +23,7 @@ graph break and training still works.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Mapping
@@ -186,6 +187,13 @@ def _refusal(op: MatmulOp, M: int, N: int, K: int, dtype: torch.dtype) -> str | 
     return _REFUSED[key]
 
 
+@functools.cache
+def _several_gpus() -> bool:
+    """Whether this process sees more than one GPU (with one, a CUDA tensor is always on the current
+    device, and asking torch which that is costs a few microseconds a call)."""
+    return torch.cuda.device_count() > 1
+
+
 def _say_once(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)
@@ -209,7 +217,7 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     kernel = op.kernel(M).kernel_for({"M": M, "N": N, "K": K, "dtype": x.dtype})
-    if x.device.index != torch.cuda.current_device():
+    if _several_gpus() and x.device.index != torch.cuda.current_device():
         with torch.cuda.device(x.device):
             y = kernel(x2, weight)
     else:
