@@ -19,7 +19,9 @@ Needs a CUDA GPU: without one it says so and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import sys
 import tempfile
 import time
@@ -124,12 +126,20 @@ def serve(args: argparse.Namespace) -> dict:
     block = make_block(args.hidden, args.intermediate)
     xs = {t: torch.randn(t, args.hidden, device="cuda", dtype=torch.float16) for t in args.tokens}
     first = {}
+    prof = cProfile.Profile() if args.profile else None
     with torch.inference_mode():
         for t, x in xs.items():
             t0 = time.perf_counter()
+            if prof:
+                prof.enable()
             block(x)
             torch.cuda.synchronize()
+            if prof:
+                prof.disable()
             first[t] = time.perf_counter() - t0
+    if prof:
+        with open(args.profile, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
     configs = used_configs(block, tuple(args.tokens))
     for name, (kernel, key, config, source) in configs.items():
         print(f"  {name:16s} {kernel} M-bucket {key['M']}: {config} ({source})")
@@ -151,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts (default: %(default)s)")
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--intermediate", type=int, default=INTERMEDIATE)
+    ap.add_argument("--profile", help="serve: write a cProfile report of the first forwards to this file")
     ap.add_argument("--topk", type=int, default=4, help="carver candidates tuned per key (default 4, plus variants)")
     args = ap.parse_args(argv)
     if args.command == "serve" and not args.table:
