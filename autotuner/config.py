@@ -7,6 +7,7 @@ it after ten minutes of compilation would be the worst time to find it.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import warnings
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "DuplicateConfigWarning", "config_label", "config_to_json",
-           "normalize_configs", "split_config"]
+           "kernel_name", "normalize_configs", "split_config"]
 
 #: Parameters a TileLang kernel conventionally exposes for tuning.
 RESERVED_PARAMS = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
@@ -102,7 +103,7 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
                 continue
             if accepted is not None and k not in accepted:
                 raise ValueError(
-                    f"configs[{i}] has unknown key {k!r}: {_kernel_name(kernel)} accepts "
+                    f"configs[{i}] has unknown key {k!r}: {kernel_name(kernel)} accepts "
                     f"{sorted(accepted)}; fix the key or add the parameter to the kernel"
                 )
             if not isinstance(v, _JSON_SCALARS):
@@ -141,6 +142,14 @@ def config_label(config: Mapping[str, Any]) -> str:
     return " ".join(f"{short.get(k, k)}={config[k]}" for k in keys)
 
 
-def _kernel_name(kernel: Callable[..., Any]) -> str:
-    inner = getattr(kernel, "func", kernel)  # functools.partial
-    return getattr(inner, "__qualname__", repr(inner))
+def kernel_name(kernel: Callable[..., Any]) -> str:
+    """A kernel factory's name in logs and the tuning database: its own ``kernel_name`` attribute when it
+    has one (a template names the partial it tunes after its family), else ``module.qualname`` of the
+    function under any ``functools.partial``."""
+    named = getattr(kernel, "kernel_name", None)
+    if isinstance(named, str):
+        return named
+    inner = kernel
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"

@@ -39,7 +39,7 @@ from .bench import Bench, BenchSpec, Measurer, make_measurer, param_names, resol
 from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
 from .check import torch_dtype
 from .compile import compile_all, tl_compile
-from .config import config_label, merge_pass_configs, normalize_configs, split_config
+from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
 from .devices import Device, DevicePool, resolve_devices
 from .errors import TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
@@ -418,15 +418,11 @@ class AutoTuner:
         finally:
             self.timing_settings = saved
 
-    def _kernel_name(self) -> str:
-        fn = getattr(self.fn, "func", self.fn)
-        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
     def _load(self, config: dict[str, Any], target: ResolvedTarget) -> tuple[Any, str]:
         """Compile ``config`` in this process (a TileLang disk-cache hit when it was built before),
         with the user's factory bounded by ``compile_timeout``; also return its PrimFunc's hash."""
         kwargs, own = split_config(config)
-        what = f"{self._kernel_name()}({config_label(config)})"
+        what = f"{kernel_name(self.fn)}({config_label(config)})"
         func = _bounded(lambda: self.fn(**kwargs), self.compile_settings.compile_timeout, what)
         base = self.compile_settings.pass_config_dict
         return tl_compile(func, target.spec, merge_pass_configs(base, own)), prim_hash(func)
@@ -602,7 +598,7 @@ class _Run:
         t, db = self.t, self.db
         if db is not None:
             meta = {"warmup": self.spec.timing.warmup, "rep": self.spec.timing.rep, "n_jobs": t.run_settings.n_jobs}
-            db.open_run(self.key, t._kernel_name(), str(self.target.spec), len(t.configs), meta)
+            db.open_run(self.key, kernel_name(t.fn), str(self.target.spec), len(t.configs), meta)
             try:
                 prior = db.trials(self.key)
             except DamagedRow as e:

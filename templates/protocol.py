@@ -331,6 +331,7 @@ class TemplateBase:
         else:
             configs = self.proposals(problem, where.arch, options)
         kernel = functools.partial(elaborate, self.program, self.config_type, problem)
+        kernel.kernel_name = f"templates.{self.name}"  # its name in logs and `tilecarve cache list`
         validate = self.validator(problem, where.arch) if options.validate_configs else None
         return (AutoTuner.from_kernel(kernel=kernel, configs=[c.to_dict() for c in configs], validate=validate)
                 .set_compile_args(out_idx=list(self.out_idx), target=where.target, supply_type=options.supply_type,

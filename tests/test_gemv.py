@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.config import kernel_name
 from carver.arch import CUDA
 from templates import gemv
 from templates.gemv import GEMV, GemvConfig, GemvProblem
@@ -141,6 +142,7 @@ def test_template_protocol_and_no_gpu_path():
         GEMV.resolve(GemvProblem(1, 64, 64), "c")
     tuner = GEMV.tuner(GemvProblem(1, 4096, 4096), TuneOptions(target="sm_90a", topk=4))
     assert len(tuner.configs) == 4
+    assert kernel_name(tuner.fn) == "templates.gemv"  # its name in logs and `tilecarve cache list`
 
 
 # -------------------------------------------------------------------------------- nvcc, sm_90a
