@@ -11,7 +11,9 @@
 The call's arguments bind the factory (``functools.partial``) and each config fills the rest, as
 in TileLang; ``out_idx``, ``target`` and ``pass_configs`` come from ``tilelang.jit``. A call that
 already gives a tunable parameter skips tuning and compiles with TileLang's ``jit``, as TileLang
-does. Results are kept per call arguments in the process (and in the tuning database across runs).
+does. Results are kept per call arguments (and ``set_autotune_inputs`` context) in the process, and
+in the tuning database across runs. Reached as ``tilelang.autotune`` through :mod:`tilecarve.tilelang`
+too. TileLang's eager-style kernels (tensors as arguments) are compiled with fixed tunables, not tuned.
 """
 
 from __future__ import annotations
