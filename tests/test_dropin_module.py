@@ -181,6 +181,18 @@ def test_wrong_autotune_inputs_are_a_tuning_input_error_naming_the_input(inputs,
         tuner([dict(block_M=32, block_N=32)], kernel=add).run(1, 3)
 
 
+@pytest.mark.gpu
+def test_autotune_inputs_on_the_gpu():
+    """CUDA inputs reach the isolated measuring process; host inputs for a CUDA kernel are refused."""
+    a, b = (torch.randn(1024, 1024, dtype=torch.float16, device="cuda") for _ in range(2))  # B is (N, K)
+    with set_autotune_inputs(a, b):
+        kernel = mk.gemm(1024, 1024, 1024)  # tilecarve's GEMM via @tilelang.autotune, target: the GPU
+    torch.testing.assert_close(kernel(a, b), a @ b.T, atol=1e-1, rtol=1e-2)
+    with set_autotune_inputs(a.cpu(), b.cpu()), pytest.raises(TuningInputError, match=r"input 0 as .* on cpu; "
+                                                                                      r"the kernel takes .* on cuda"):
+        mk.gemm(1024, 1024, 1024)
+
+
 def test_autotune_inputs_cross_to_the_measuring_process_by_value():
     a = torch.randn(4, 4)
     inputs = set_autotune_inputs(a, torch.zeros(4, 4))
