@@ -57,6 +57,7 @@ class Call:
 
 
 _CALL = "import importlib, sys; m = importlib.import_module(sys.argv[1]); eval(sys.argv[2], vars(m))"
+_WHOSE = "print('tilelang: matmul was tuned by', type(matmul).__module__)"
 
 #: (name, example path under the examples directory, arguments or a Call, seconds allowed)
 RUNS = [
@@ -71,10 +72,11 @@ RUNS = [
     ("dequant_gemm_fp4_hopper_tune", "dequantize_gemm/example_dequant_gemm_fp4_hopper.py", ["--tune"], 600),
     ("gemm_autotune_grid", "gemm/example_gemm_autotune.py", ["--use_autotune"], 600),  # 288 configs
     # @tilelang.autotune reached through the module (tilecarve.tilelang); 108 and 324 configs
+    # (the second print says whose autotuner the decorator was: autotuner.decorator is tilecarve's)
     ("dequant_gemm_bf16_fp4_hopper_tune", "dequantize_gemm/example_dequant_gemm_bf16_fp4_hopper.py",
-     Call("main(256, 256, 256, True, tune=True)"), 540),
+     Call(f"main(256, 256, 256, True, tune=True), {_WHOSE}"), 540),
     ("dequant_gemm_bf16_mxfp4_hopper_tune", "dequantize_gemm/example_dequant_gemm_bf16_mxfp4_hopper.py",
-     Call("main(256, 256, 256, 32, fast_dequant=True, with_bias=False, tune=True)"), 540),
+     Call(f"main(256, 256, 256, 32, fast_dequant=True, with_bias=False, tune=True), {_WHOSE}"), 540),
 ]
 
 _RESULT_LINE = re.compile(r"latency|tflops|best config|^\{|tile-lang|tilelang:|ref:", re.IGNORECASE)
