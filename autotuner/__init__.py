@@ -6,8 +6,8 @@
 ...           .run(warmup=3, rep=20))
 >>> out = result.kernel(a, b)
 
-TileLang's decorator form works too (``@autotune(configs=...)`` over ``@tilelang.jit(out_idx=...)``;
-docs/dropin.md).
+TileLang's decorator form works too (``@autotune(configs=...)`` over ``@tilelang.jit(out_idx=...)``),
+and so does ``with set_autotune_inputs(a, b):`` (docs/dropin.md).
 
 Heavy modules (tilelang, torch) are imported only when a run needs them.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .buckets import Buckets
+from .capture import get_autotune_inputs, set_autotune_inputs
 from .config import DuplicateConfigWarning
 from .decorator import AutoTuneImpl, autotune
 from .errors import TuningCacheError, TuningError, TuningInputError
@@ -28,5 +29,5 @@ from .tuner import AutoTuner, TunedKernel, TuneResult
 
 __all__ = ["STATUSES", "AutoTuneImpl", "AutoTuner", "Buckets", "DuplicateConfigWarning", "KeyedKernel", "Recording",
            "Status", "TableError", "Trial", "TuneResult", "TunedKernel", "TunedTable", "TuningCacheError",
-           "TuningError", "TuningInputError", "__version__", "autotune", "keyed_kernel", "load_table", "record",
-           "untuned", "use_table", "write_table"]
+           "TuningError", "TuningInputError", "__version__", "autotune", "get_autotune_inputs", "keyed_kernel",
+           "load_table", "record", "set_autotune_inputs", "untuned", "use_table", "write_table"]

@@ -124,28 +124,33 @@ def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, dev
 def supplied_inputs(supply_prog: Callable[..., Any], params: Sequence[Any], device: str) -> list[Any]:
     """The inputs a user's ``supply_prog`` makes, as TileLang calls it: with the kernel's input
     parameters (``KernelParam``: ``.shape``, ``.dtype``), returning one tensor per input, in order.
+    The inputs of ``set_autotune_inputs`` (:mod:`.capture`) come through here too.
 
     What it returns must match the kernel: anything else is a :class:`TuningInputError` naming the
     input, raised once, before any candidate is judged on it.
     """
     import torch
 
+    from .capture import AutotuneInputs
+
     name = getattr(supply_prog, "__qualname__", None) or repr(supply_prog)
+    who, verb = ((AutotuneInputs.source, "pass") if isinstance(supply_prog, AutotuneInputs)
+                 else (f"supply_prog {name} returned", "return"))
     try:
         got = supply_prog(list(params))
     except Exception as e:  # noqa: BLE001 - the user's supply program: re-raised as what it is
         raise TuningInputError(f"supply_prog {name} raised {type(e).__name__}: {e}") from e
     got = list(got) if isinstance(got, (list, tuple)) else [got]
     if len(got) != len(params):
-        raise TuningInputError(f"supply_prog {name} returned {len(got)} tensors, the kernel has {len(params)} "
-                               "inputs (every argument but the outputs at out_idx); return one per input, in order")
+        raise TuningInputError(f"{who} {len(got)} tensors, the kernel has {len(params)} inputs (every argument "
+                               f"but the outputs at out_idx); {verb} one per input, in order")
     for j, (t, p) in enumerate(zip(got, params)):
         want_shape, want_dtype = tuple(_concrete_shape(p.shape, j)), torch_dtype(p.dtype)
         if not isinstance(t, torch.Tensor):
-            raise TuningInputError(f"supply_prog {name} returned a {type(t).__name__} for input {j}; return tensors")
+            raise TuningInputError(f"{who} a {type(t).__name__} for input {j}; {verb} tensors")
         if tuple(t.shape) != want_shape or t.dtype != want_dtype or t.device.type != device:
-            raise TuningInputError(f"supply_prog {name} returned input {j} as {tuple(t.shape)} {t.dtype} on "
-                                   f"{t.device.type}; the kernel takes {want_shape} {want_dtype} on {device}")
+            raise TuningInputError(f"{who} input {j} as {tuple(t.shape)} {t.dtype} on {t.device.type}; "
+                                   f"the kernel takes {want_shape} {want_dtype} on {device}")
     return got
 
 

@@ -11,7 +11,9 @@
 The call's arguments bind the factory (``functools.partial``) and each config fills the rest, as
 in TileLang; ``out_idx``, ``target`` and ``pass_configs`` come from ``tilelang.jit``. A call that
 already gives a tunable parameter skips tuning and compiles with TileLang's ``jit``, as TileLang
-does. Results are kept per call arguments in the process (and in the tuning database across runs).
+does. Results are kept per call arguments (and ``set_autotune_inputs`` context) in the process, and
+in the tuning database across runs. Reached as ``tilelang.autotune`` through :mod:`tilecarve.tilelang`
+too. TileLang's eager-style kernels (tensors as arguments) are compiled with fixed tunables, not tuned.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from .capture import AutotuneInputs, active_inputs
 from .config import PASS_CONFIGS_KEY
 from .tuner import AutoTuner, TunedKernel
 
@@ -63,13 +66,31 @@ class AutoTuneImpl:
                                   pass_configs=jit.pass_configs)
                 .set_profile_args(warmup=self.warmup, rep=self.rep, timeout=self.timeout, **self.profile))
 
+    def _eager(self, kwargs: dict[str, Any], tunable: set[str]) -> bool:
+        """Whether the factory is TileLang's eager style (tensors as arguments, ``T.const``/``T.empty``),
+        which tilecarve compiles with ``tilelang.jit`` when the call fixes the tunables and refuses to tune."""
+        jit = self.jit_impl  # tensors annotated in the body (T.Tensor) make a kernel eager; nothing is elaborated
+        if not getattr(jit.func, "tensor_args", None) and getattr(jit, "mode", None) != "eager":
+            return False
+        if not tunable & set(kwargs):
+            name = getattr(self.factory, "__qualname__", self.factory)
+            raise NotImplementedError(
+                f"{name} is a TileLang eager-style kernel (tensors as arguments, T.const/T.empty): tilecarve tunes "
+                "factories that return a T.prim_func (def f(M, N, block_M=...): ... return main). Write it that way, "
+                f"fix its tunables {sorted(tunable)} in the call, or tune it with TileLang's own tilelang.autotune")
+        return True
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
-        given = self._given(args, kwargs, self._tunable(list(configs)))
+        tunable = self._tunable(list(configs))
+        if self._eager(kwargs, tunable):
+            given = sorted(tunable & set(kwargs))
+        else:
+            given = self._given(args, kwargs, tunable)
         if given:  # TileLang's way to skip tuning: fix the tunable parameters in the call
             logger.info("tunable parameters %s given in the call: compiling with tilelang.jit, no tuning", given)
             return self.jit_impl(*args, **kwargs)
-        key = _key(args, kwargs)
+        key = _key(args, kwargs, active_inputs())
         if key is None or key not in self._tuned:
             kernel = self.tuner(*args, **kwargs).run().kernel
             if key is None:
@@ -78,13 +99,18 @@ class AutoTuneImpl:
         return self._tuned[key]
 
     def compile(self, *args: Any, **kwargs: Any) -> Any:
-        """TileLang's ``.compile(...)``: the tuned kernel (the same as calling)."""
+        """TileLang's ``.compile(...)``: the tuned kernel (the same as calling a factory; an eager-style
+        kernel with its tunables fixed is compiled, not run)."""
+        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
+        if self._eager(kwargs, self._tunable(list(configs))):
+            return self.jit_impl.compile(*args, **kwargs)
         return self(*args, **kwargs)
 
 
-def _key(args: tuple, kwargs: dict[str, Any]) -> Any:
+def _key(args: tuple, kwargs: dict[str, Any], inputs: AutotuneInputs | None) -> Any:
+    """The in-process memo key: the call's arguments and the ``set_autotune_inputs`` in effect."""
     try:
-        key = (args, tuple(sorted(kwargs.items())))
+        key = (args, tuple(sorted(kwargs.items())), inputs)
         hash(key)
         return key
     except TypeError:  # an unhashable argument: no in-process memo (the tuning database still serves it)

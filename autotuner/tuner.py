@@ -37,6 +37,7 @@ from typing import Any
 from . import procs
 from .bench import Bench, BenchSpec, Measurer, make_measurer, param_names, resolve_roles
 from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
+from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
 from .compile import compile_all, tl_compile
 from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
@@ -133,6 +134,11 @@ class TuneResult:
     target: str = ""
     notes: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of a cold run
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kernel, TunedKernel):  # as TileLang's tuned JITKernel: kernel.config, .latency...
+            k = self.kernel
+            k.config, k.latency, k.ref_latency = self.config, self.latency, self.ref_latency
 
     @property
     def spread(self) -> float | None:
@@ -295,6 +301,8 @@ class AutoTuner:
           it raises (or returns ``False``) when a candidate's outputs, compared with ``ref_prog``'s on
           the same inputs, are wrong. It runs for every candidate, after the check for unwritten
           (NaN-poisoned) outputs, and needs a ``ref_prog``.
+        * Under ``with set_autotune_inputs(...)`` (:mod:`.capture`) those inputs are the supply, and a
+          ``supply_prog`` is ignored with a warning, as in TileLang.
         """
         if backend not in TIMING_BACKENDS:
             raise ValueError(f"backend={backend!r}: tilecarve times with {list(TIMING_BACKENDS)}")
@@ -305,6 +313,7 @@ class AutoTuner:
                                       max_mismatched_ratio=max_mismatched_ratio,
                                       ref_prog=ref_prog if ref_prog is not None else c.ref_prog,
                                       supply_prog=supply_prog, manual_check_prog=manual_check_prog)
+        self._use_captured_inputs()
         if timeout is not None:
             self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))
         self.timing_settings = replace(self.timing_settings, timing_backend=backend)
@@ -351,6 +360,16 @@ class AutoTuner:
             timing_backend=timing_backend if timing_backend is not None else self.timing_settings.timing_backend)
         return self
 
+    def _use_captured_inputs(self) -> None:
+        """The inputs of an active ``set_autotune_inputs`` replace the supply (see :mod:`.capture`)."""
+        captured, c = active_inputs(), self.check_settings
+        if captured is None or captured is c.supply_prog:
+            return
+        if c.supply_prog is not None and not isinstance(c.supply_prog, AutotuneInputs):
+            logger.warning("supply_prog %s is ignored: the tuner runs under `with set_autotune_inputs(...)`, whose "
+                           "inputs it uses instead", getattr(c.supply_prog, "__qualname__", c.supply_prog))
+        self.check_settings = replace(c, supply_prog=captured)
+
     # -----------------------------------------------------------------------------------------
 
     def _key_settings(self) -> dict[str, Any]:
@@ -367,6 +386,7 @@ class AutoTuner:
         ``timeout`` (TileLang's) is ``compile_timeout``. TileLang's other ``run`` options are
         accepted and checked (:func:`_tilelang_run_options`); none of them changes the result."""
         _tilelang_run_options(tilelang_options)
+        self._use_captured_inputs()
         if timeout is not None:
             self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))
         dw, dr = self._profile_defaults

@@ -181,8 +181,8 @@ def test_import_rewrite_changes_only_import_lines():
            "    from tilelang.carver.roller.rasterization import NoRasterization\n"
            "x = 'from tilelang.carver.arch import CUDA'\n@tilelang.autotune(configs=[])\n")
     out, n = rewrite(src)
-    assert n == 2 and out.splitlines() == [
-        "import tilelang", "from autotuner import AutoTuner, autotune",
+    assert n == 3 and out.splitlines() == [
+        "import tilecarve.tilelang as tilelang", "from autotuner import AutoTuner, autotune",
         "    from carver.roller.rasterization import NoRasterization",
         "x = 'from tilelang.carver.arch import CUDA'", "@tilelang.autotune(configs=[])"]
 
