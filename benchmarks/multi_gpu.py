@@ -65,6 +65,9 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     if arm == "ray":
         import ray
 
+        # the GPU machines' memory grows as it is used, so Ray's memory monitor, which reads the size at the
+        # start, would kill compile tasks the direct arms run unhindered
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
         t0 = time.perf_counter()
         ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=2 << 30)
         out["ray_init_s"] = round(time.perf_counter() - t0, 2)

@@ -1,8 +1,9 @@
 """The Ray backend (``set_tuning(backend="ray")``, autotuner/ray_cluster.py) on a local Ray instance, C target.
 
-One local Ray per module (2 CPUs, no dashboard), started here the way a user starts one (``ray.init``),
-which tilecarve must reuse. Two fake devices (measuring actors that reserve nothing) tune configs whose
-cost is known in advance, one of which crashes its actor; a second run resumes an interrupted one.
+One local Ray per module (2 CPUs, no GPU, no dashboard), started here the way a user starts one
+(``ray.init``), which tilecarve must reuse; the GPU test comes first and starts its own. Two fake
+devices (measuring actors that reserve nothing) tune configs whose cost is known in advance, one of
+which crashes its actor; a second run resumes an interrupted one.
 """
 
 from __future__ import annotations
@@ -31,12 +32,41 @@ def tuner(**tuning):
     return multidevice_tuner(CONFIGS, **tuning)
 
 
+@pytest.mark.gpu
+@needs_ray
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs (an nvidia-h200-x2 machine: "
+                    "python3 -m pytest -m gpu tests/test_ray.py)")
+def test_a_matmul_tuned_on_a_local_ray_cluster_is_measured_on_every_gpu():
+    import ray
+
+    from templates import matmul as mm
+
+    started = not ray.is_initialized()  # first in the module: its own Ray, with every core and GPU
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        problem = mm.MatmulProblem(2048, 2048, 2048)
+        configs = mm.MATMUL.space(problem)[::12]  # 24 of the 288
+        result = (mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
+                  .set_tuning(cache=False, progress=False, backend="ray").run(3, 20))
+    finally:
+        if started:
+            ray.shutdown()
+    measured = {t.device for t in result.trials if t.status == "ok"}
+    assert measured == {f"ray:{i}" for i in range(torch.cuda.device_count())}, [(t.status, t.device)
+                                                                                for t in result.trials]
+    assert {t.device for t in result.trials if t.rounds} == {"ray:0"}
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(result.kernel(a, b).float(), (a @ b.T).float(), atol=1.0, rtol=1e-2)
+
+
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     import ray
 
     os.environ.setdefault("TILELANG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tilelang-cache"))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # alike on any host
     yield ray
     ray.shutdown()
 
@@ -143,3 +173,4 @@ def test_connect_uses_the_running_instance_else_ray_address_else_starts_one(monk
 def test_ray_measures_in_actors_so_isolate_false_is_refused():
     with pytest.raises(ValueError, match="backend='ray' measures in Ray actors.*isolate=True"):
         tuner(backend="ray", isolate=False)
+
