@@ -27,6 +27,7 @@ candidate again unless that directory is on a shared file system.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -35,6 +36,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from . import procs
 from .bench import Bench, BenchSpec, ServedBench, load_spec, serve_one, spec_payload
 from .compile import CompileOutcome, compile_task
 from .devices import Device, DeviceLost, device_name
@@ -116,6 +118,10 @@ class MeasuringActor:
     requests an isolated measuring process answers (:func:`.bench.serve_one`)."""
 
     def __init__(self, payload: tuple) -> None:
+        # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile task's)
+        # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
+        self._scratch = contextlib.ExitStack()
+        self._scratch.enter_context(procs.run_scratch())
         self.bench = Bench(load_spec(*payload))
 
     def info(self) -> dict[str, Any]:
