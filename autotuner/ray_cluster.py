@@ -103,12 +103,13 @@ def resolve_ray_devices(devices: str | Sequence[int] | None, kind: str, model: s
         indices = list(range(count if kind == "cuda" or devices == "all" else 1))
     else:
         indices = list(devices)
-    if kind == "cuda" and not 0 < len(indices) <= count:
+    if kind == "cuda" and count == 0:
+        raise ValueError("backend='ray': the Ray cluster has no GPUs (ray.cluster_resources() has no 'GPU'); "
+                         "start its nodes with GPUs, or tune without backend='ray'")
+    if kind == "cuda" and len(indices) > count:
         raise ValueError(f"backend='ray', devices={devices!r}: the Ray cluster has {count} GPU(s), so "
                          f"{len(indices)} measuring actors cannot each have one; ask for at most {count}, "
-                         "or devices=None for one per GPU" if count else
-                         "backend='ray': the Ray cluster has no GPUs (ray.cluster_resources() has no 'GPU'); "
-                         "start its nodes with GPUs, or tune without backend='ray'")
+                         "or devices=None for one per GPU")
     name = "cpu" if kind != "cuda" else ANY_MODEL if allow_mixed or model is None else model
     return [Device(i, f"ray:{i}", name) for i in indices]
 

@@ -145,12 +145,18 @@ def test_a_rerun_measures_only_what_the_interrupted_run_did_not_record(ray_run, 
 
 
 @needs_ray
-def test_devices_on_ray_are_actors_counted_from_the_cluster(local_ray):
+def test_devices_on_ray_are_actors_counted_from_the_cluster(local_ray, monkeypatch):
     assert [d.label for d in ray_cluster.resolve_ray_devices(None, "c", None, False)] == ["ray:0"]
     assert [d.label for d in ray_cluster.resolve_ray_devices("all", "c", None, False)] == ["ray:0", "ray:1"]
     assert [d.label for d in ray_cluster.resolve_ray_devices([2, 0], "c", None, False)] == ["ray:2", "ray:0"]
     with pytest.raises(ValueError, match="has no GPUs"):
         ray_cluster.resolve_ray_devices(None, "cuda", "NVIDIA H200", False)
+    monkeypatch.setattr(local_ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 2.0})  # two GPU nodes' worth
+    gpus = ray_cluster.resolve_ray_devices(None, "cuda", "NVIDIA H200", False)
+    assert [(d.label, d.name) for d in gpus] == [("ray:0", "NVIDIA H200"), ("ray:1", "NVIDIA H200")]
+    assert ray_cluster.resolve_ray_devices([1], "cuda", "NVIDIA H200", True)[0].name == ray_cluster.ANY_MODEL
+    with pytest.raises(ValueError, match=r"has 2 GPU\(s\), so 3 measuring actors.*at most 2"):
+        ray_cluster.resolve_ray_devices([0, 1, 2], "cuda", "NVIDIA H200", False)
 
 
 @needs_ray
