@@ -126,11 +126,12 @@ def child_compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_child(args: argparse.Namespace, which: str, env: dict[str, str], extra: list[str], limit: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", which, "--configs", str(args.configs),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", which, "--configs", str(args.configs),
            "--shape", *map(str, args.shape), *extra]
     t = time.time()
     try:
-        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=limit)
+        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=limit,
+                           cwd=tempfile.gettempdir())  # TileLang's AutoTuner writes autotuner.log where it runs
     except subprocess.TimeoutExpired:
         return {"mode": which, "error": f"killed at the time limit after {limit:.0f} s"}
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
