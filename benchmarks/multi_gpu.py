@@ -44,9 +44,12 @@ def grid(shape: list[int], n: int) -> tuple[Any, list[Any]]:
     from templates import matmul as mm
 
     problem = mm.MatmulProblem(*shape)
-    space = mm.MATMUL.space(problem)
+    return problem, spread(mm.MATMUL.space(problem), n)
+
+
+def spread(space: list[Any], n: int) -> list[Any]:
     step = max(1, len(space) // n)
-    return problem, space[::step][:n]
+    return space[::step][:n]
 
 
 def child_tune(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,7 +63,7 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": args.child, "gpus": torch.cuda.device_count(), "n_configs": len(configs),
                            "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
     if arm == "tl":
-        return {**out, **tilelang_tune(problem, configs)}
+        return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs))}
     tuning: dict[str, Any] = {"devices": "all"} if arm == "all" else {}
     if arm == "ray":
         import ray
@@ -86,16 +89,17 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device}
 
 
-def tilelang_tune(problem: Any, configs: list[Any]) -> dict[str, Any]:
-    """TileLang's AutoTuner over ``configs`` on every GPU (``benchmark_multi_gpu=True``), called as its
-    ``example_gemm_autotune.py`` calls it (integer inputs, a torch reference, warmup=3, rep=20)."""
+def tilelang_tune(problem: Any, configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """TileLang's AutoTuner over ``configs`` (the same grid configs as plain dicts of its six keys) on every
+    GPU (``benchmark_multi_gpu=True``), called as its ``example_gemm_autotune.py`` calls it (integer
+    inputs, a torch reference, warmup=3, rep=20)."""
     import tilelang
     from gemm import make_tl_kernel
     from tilelang.autotuner import AutoTuner as TileLangAutoTuner
 
     t0 = time.perf_counter()
     r = (TileLangAutoTuner.from_kernel(kernel=make_tl_kernel(problem.M, problem.N, problem.K, "float16"),
-                                       configs=[dict(c) for c in configs])
+                                       configs=configs)
          .set_compile_args(out_idx=[-1], target="auto")
          .set_profile_args(supply_type=tilelang.TensorSupplyType.Integer, ref_prog=lambda A, B: A @ B.T,
                            skip_check=False)
