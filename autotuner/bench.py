@@ -39,7 +39,8 @@ from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, time_callable
 from .trial import Status, Trial, format_error
 
-__all__ = ["Bench", "BenchSpec", "IsolatedBench", "Measurer", "make_measurer", "param_names", "resolve_roles"]
+__all__ = ["Bench", "BenchSpec", "IsolatedBench", "Measurer", "ServedBench", "load_spec", "make_measurer",
+           "param_names", "raise_for_reply", "resolve_roles", "serve_one", "spec_payload"]
 
 logger = logging.getLogger(__name__)
 
@@ -300,32 +301,59 @@ def _serve(fd: int) -> None:
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
-    blob, glb, sources = conn.recv()
-    seed_linecache(sources)
-    spec: BenchSpec = cloudpickle_module().loads(blob)
-    restore_globals(spec.kernel, glb)
-    bench = Bench(spec)
+    bench = Bench(load_spec(*conn.recv()))
     conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        op = msg[0]
-        try:
-            if op == "measure":
-                reply = (bench.measure(msg[1], msg[2], msg[3]), bench.measured_hash(msg[1]))
-            elif op == "retime":
-                reply = bench.retime(msg[1], msg[2])
-            elif op == "ref_latency":
-                reply = bench.ref_latency
-            else:
-                return
-            conn.send(("ok", reply))
-        except TuningInputError as e:
-            conn.send(("input_error", (str(e), _portable(e.__cause__))))
-        except Exception as e:  # noqa: BLE001 - a bug on the measuring side: the parent raises it
-            conn.send(("error", format_error(e)))
+        if msg[0] not in ("measure", "retime", "ref_latency"):
+            return
+        conn.send(serve_one(bench, msg))
+
+
+def serve_one(bench: Bench, msg: tuple) -> tuple[str, Any]:
+    """One request to a measuring process (or a Ray measuring actor), answered as
+    :meth:`IsolatedBench.measure` and its siblings read it: ``("ok", reply)``, ``("input_error", ...)``
+    for a wrong problem, ``("error", text)`` for a bug on the measuring side."""
+    op = msg[0]
+    try:
+        if op == "measure":
+            return "ok", (bench.measure(msg[1], msg[2], msg[3]), bench.measured_hash(msg[1]))
+        if op == "retime":
+            return "ok", bench.retime(msg[1], msg[2])
+        if op == "ref_latency":
+            return "ok", bench.ref_latency
+        raise ValueError(f"unknown request {op!r} to the measuring process")
+    except TuningInputError as e:
+        return "input_error", (str(e), _portable(e.__cause__))
+    except Exception as e:  # noqa: BLE001 - a bug on the measuring side: the parent raises it
+        return "error", format_error(e)
+
+
+def raise_for_reply(tag: str, reply: Any) -> None:
+    """Raise what a :func:`serve_one` reply reports: the problem's error, or the measuring side's bug."""
+    if tag == "input_error":
+        text, cause = reply
+        raise TuningInputError(text) from cause
+    if tag == "error":
+        raise RuntimeError(f"the measuring process failed (a tilecarve bug, please report it):\n{reply}")
+
+
+def spec_payload(spec: BenchSpec) -> tuple[bytes, bytes | None, dict[str, list[str]]]:
+    """``spec`` as it travels to a measuring process, the way kernels travel to compile workers: by
+    cloudpickle, with the globals it needs and the source lines of kernels defined in a notebook."""
+    return cloudpickle_module().dumps(spec), kernel_globals(spec.kernel), kernel_sources(spec.kernel)
+
+
+def load_spec(blob: bytes, glb: bytes | None, sources: dict[str, list[str]]) -> BenchSpec:
+    """The :class:`BenchSpec` a measuring process receives (:func:`spec_payload`), unpickled with the
+    kernel's globals and notebook sources in place."""
+    seed_linecache(sources)
+    spec: BenchSpec = cloudpickle_module().loads(blob)
+    restore_globals(spec.kernel, glb)
+    return spec
 
 
 def _portable(exc: BaseException | None) -> BaseException | None:
@@ -341,23 +369,64 @@ def _portable(exc: BaseException | None) -> BaseException | None:
         return RuntimeError(format_error(exc))
 
 
-class IsolatedBench:
+class ServedBench:
+    """A :class:`Bench` served by another process (:func:`serve_one` answers there): what the tuner asks
+    of the measuring side, on top of one method a subclass provides, ``_call(msg, timeout)``, which
+    returns ``("ok", reply)``, ``("input_error", ...)``, ``("error", text)``, ``("died", why)`` or
+    ``("timeout", why)``. A death or a timeout costs the candidate in flight, as a trial."""
+
+    def __init__(self, spec: BenchSpec, run_timeout: float) -> None:
+        self.spec = spec
+        self.run_timeout = run_timeout
+        self._hashes: dict[int, str] = {}
+        self.ref_latency: float | None = None
+
+    def _call(self, msg: tuple, timeout: float) -> tuple[str, Any]:
+        raise NotImplementedError
+
+    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
+        if tag == "ok":
+            trial, phash = reply
+            if phash is not None:
+                self._hashes[index] = phash
+            return trial
+        raise_for_reply(tag, reply)
+        return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
+
+    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
+        tag, reply = self._call(("retime", index, cfg), self.run_timeout)
+        raise_for_reply(tag, reply)
+        return reply if tag == "ok" else None
+
+    def fetch_ref_latency(self) -> float | None:
+        tag, reply = self._call(("ref_latency",), 60)
+        raise_for_reply(tag, reply)
+        if tag == "ok" and reply is not None:
+            self.ref_latency = reply
+        return self.ref_latency
+
+    def local_kernel(self, index: int) -> Any | None:
+        """Never: candidates live in the measuring process; the caller loads the winner itself."""
+        return None
+
+    def measured_hash(self, index: int) -> str | None:
+        """The PrimFunc hash of the kernel the measuring process checked and timed as ``index``."""
+        return self._hashes.get(index)
+
+
+class IsolatedBench(ServedBench):
     """A :class:`Bench` in a spawned process, restarted when a candidate kills it.
 
     ``env`` is added to the process's environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
     """
 
     def __init__(self, spec: BenchSpec, run_timeout: float, env: dict[str, str] | None = None) -> None:
-        self.spec = spec
-        self.run_timeout = run_timeout
+        super().__init__(spec, run_timeout)
         self._env = dict(env or {})
-        self._blob = cloudpickle_module().dumps(spec)
-        self._glb = kernel_globals(spec.kernel)
-        self._sources = kernel_sources(spec.kernel)
+        self._payload = spec_payload(spec)
         self._proc: Any = None
         self._conn: Any = None
-        self._hashes: dict[int, str] = {}
-        self.ref_latency: float | None = None
         self._start()
 
     def _start(self) -> None:
@@ -370,7 +439,7 @@ class IsolatedBench:
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn = parent
-        self._conn.send((self._blob, self._glb, self._sources))
+        self._conn.send(self._payload)
         self._ready = False
 
     def _wait_ready(self) -> None:
@@ -410,50 +479,12 @@ class IsolatedBench:
         return "died", (f"the measuring process died ({how}) while running this config: a crash or a sticky "
                         "CUDA error; it was restarted for the remaining configs")
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
-        tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
-        if tag == "ok":
-            trial, phash = reply
-            if phash is not None:
-                self._hashes[index] = phash
-            return trial
-        self._raise_for(tag, reply)
-        return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
-
-    @staticmethod
-    def _raise_for(tag: str, reply: Any) -> None:
-        if tag == "input_error":
-            text, cause = reply
-            raise TuningInputError(text) from cause
-        if tag == "error":
-            raise RuntimeError(f"the measuring process failed (a tilecarve bug, please report it):\n{reply}")
-
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
-        tag, reply = self._call(("retime", index, cfg), self.run_timeout)
-        self._raise_for(tag, reply)
-        return reply if tag == "ok" else None
-
     def abort(self) -> None:
         """Kill the measuring process now, from any thread: a call waiting on it returns at once as
         ``died``. For a run that stops while this process may be busy with a candidate."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
-
-    def local_kernel(self, index: int) -> Any | None:
-        """Never: candidates live in the measuring process; the caller loads the winner itself."""
-        return None
-
-    def measured_hash(self, index: int) -> str | None:
-        """The PrimFunc hash of the kernel the measuring process checked and timed as ``index``."""
-        return self._hashes.get(index)
-
-    def fetch_ref_latency(self) -> float | None:
-        tag, reply = self._call(("ref_latency",), 60)
-        self._raise_for(tag, reply)
-        if tag == "ok" and reply is not None:
-            self.ref_latency = reply
-        return self.ref_latency
 
     def close(self) -> None:
         """Ask the measuring process to quit and return at once: tearing down its CUDA context takes

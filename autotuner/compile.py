@@ -3,7 +3,7 @@
 Layout of the work:
 
 * One task per config runs on worker processes: by default a pool forked from the parent (all
-  cores), else joblib's ``loky``, ``dask`` or ``ray`` backends.
+  cores), else joblib's ``loky`` or ``dask`` backends, or Ray tasks (``"ray"``, :mod:`.ray_cluster`).
 * Inside a task, the compile runs in a forked child that leads its own session (a Ctrl-C meant
   for the terminal's process group does not reach it) and forks the compiler proper. A compile
   that hangs past ``timeout`` is killed with its nvcc grandchildren; one that segfaults is a
@@ -40,8 +40,8 @@ from . import procs
 from .config import merge_pass_configs, split_config
 from .trial import Status, format_error
 
-__all__ = ["CompileOutcome", "build", "cloudpickle_module", "compile_all", "kernel_globals", "kernel_sources",
-           "restore_globals", "seed_linecache", "tl_compile"]
+__all__ = ["CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_task", "kernel_globals",
+           "kernel_sources", "restore_globals", "seed_linecache", "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -255,10 +255,11 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
         os._exit(0)
 
 
-def _compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
+def compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                   config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
                   timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
-    """One task on a worker (or, with one job, in the parent): compile ``config`` in a killable child."""
+    """One task on a worker (or, with one job, in the parent; or a Ray task): compile ``config`` in a
+    killable child."""
     return _compile_one(payload, glb, sources, index, config, target_spec, pass_configs, timeout, parent_pid,
                         scratch)
 
@@ -277,7 +278,7 @@ def _pool_init(parent_pid: int, started: Any) -> None:
 def _pool_task(args: tuple) -> CompileOutcome:
     if _STARTED is not None:
         _STARTED.put((os.getpid(), args[3], time.monotonic()))
-    return _compile_task(*args)
+    return compile_task(*args)
 
 
 def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
@@ -374,8 +375,9 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
                 backend: str | None = None) -> Iterator[CompileOutcome]:
     """Compile ``configs[i]`` for each ``i`` in ``indices``; yield outcomes as they finish (any order).
 
-    ``backend`` is ``"multiprocessing"`` (a pool forked from this process), or a joblib backend name
-    (``"loky"``, ``"dask"``, ``"ray"``...); ``None`` means :func:`default_backend`. Closing the
+    ``backend`` is ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (Ray tasks on the
+    cluster :func:`.ray_cluster.connect` finds), or a joblib backend name (``"loky"``, ``"dask"``...);
+    ``None`` means :func:`default_backend`. Closing the
     iterator early (or an exception or Ctrl-C while it waits) stops every compile and worker; use
     ``contextlib.closing`` to make that immediate rather than left to garbage collection.
     Temporary files go to per-compile directories inside the active :func:`.procs.run_scratch`.
@@ -385,19 +387,23 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
     payload = cloudpickle_module().dumps(kernel)
     glb = kernel_globals(kernel)
     sources = kernel_sources(kernel)
+    me = os.getpid()
+    scratch = procs.current_scratch()
+    tasks = [(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me, scratch) for i in indices]
+    if backend == "ray":  # as many at once as n_jobs, or as the cluster has CPUs
+        from .ray_cluster import compile_on_ray
+
+        return compile_on_ray(tasks, n_jobs)
     n = n_jobs if n_jobs is not None else -1
     if n == -1 or n > len(indices):
         n = min(len(indices), os.cpu_count() or 1)
     backend = backend or default_backend()
-    me = os.getpid()
-    scratch = procs.current_scratch()
-    tasks = [(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me, scratch) for i in indices]
     if backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
-        return _forked_pool(n, tasks) if n > 1 else (_compile_task(*t) for t in tasks)
+        return _forked_pool(n, tasks) if n > 1 else (compile_task(*t) for t in tasks)
     from joblib import Parallel, delayed
 
-    jobs = [delayed(_compile_task)(*t) for t in tasks]
+    jobs = [delayed(compile_task)(*t) for t in tasks]
     if backend == "loky" and n > 1:
         from joblib.parallel import LokyBackend
 

@@ -12,6 +12,11 @@ caller allows them (``allow_mixed_devices=True``); every trial records its devic
 re-timed on one device, the first listed, so the pick never depends on which device measured what.
 On the C target the indices are fake devices: that many CPU measuring processes, so the scheduler
 runs on machines without a GPU.
+
+The pool takes any measuring side with :class:`.bench.IsolatedBench`'s methods (``open_bench``):
+:mod:`.ray_cluster` puts a Ray actor behind each device. A device that is gone for good (its node
+lost) raises :class:`DeviceLost`: the job it was given goes to another device, and the run goes on
+with the rest.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .bench import BenchSpec, IsolatedBench
+from .errors import TuningError
 from .timing import Timing
 from .trial import Trial
 
-__all__ = ["Device", "DevicePool", "device_count", "device_name", "resolve_devices"]
+__all__ = ["Device", "DeviceLost", "DevicePool", "device_count", "device_name", "resolve_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +49,11 @@ class Device:
     label: str
     name: str
     env: dict[str, str] = field(default_factory=dict)
+
+
+class DeviceLost(RuntimeError):
+    """A measuring device that cannot come back (its Ray node is gone, its actor cannot be placed): the
+    pool drops it and hands its job to another device. Raised before the job ran on it."""
 
 
 def device_name(kind: str, index: int) -> str:
@@ -95,35 +106,47 @@ def resolve_devices(devices: str | Sequence[int], kind: str, allow_mixed: bool) 
     return out
 
 
-_Job = tuple[Future, Callable[["_Worker"], Any]]
+_Job = tuple[Future, Callable[["_Worker"], Any], bool]  # (future, work, pinned to the finalists' device)
+#: Opens the measuring side of one device: ``(spec, run_timeout, device) -> bench``.
+BenchOpener = Callable[[BenchSpec, float, "Device"], Any]
+
+
+def open_isolated(spec: BenchSpec, run_timeout: float, device: Device) -> IsolatedBench:
+    """A measuring process on this host, pinned to ``device`` through its environment."""
+    return IsolatedBench(spec, run_timeout, device.env)
 
 
 class _Worker(threading.Thread):
-    """The thread that owns one device's measuring process and runs the jobs it takes."""
+    """The thread that owns one device's measuring side and runs the jobs it takes."""
 
-    def __init__(self, pool: DevicePool, device: Device, spec: BenchSpec, run_timeout: float) -> None:
+    def __init__(self, pool: DevicePool, device: Device, spec: BenchSpec, run_timeout: float,
+                 open_bench: BenchOpener) -> None:
         super().__init__(name=f"tilecarve-measure-{device.label}", daemon=True)
         self.pool, self.device, self._spec, self._run_timeout = pool, device, spec, run_timeout
+        self._open = open_bench
         self.inbox: deque[_Job | None] = deque()  # jobs for this device only (finalists); None: stop
-        self.bench: IsolatedBench | None = None
+        self.bench: Any = None
         self.busy = False
         self.measured = 0
 
     def run(self) -> None:
         error: BaseException | None = None
         try:
-            self.bench = IsolatedBench(self._spec, self._run_timeout, self.device.env)
+            self.bench = self._open(self._spec, self._run_timeout, self.device)
         except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
             error = e
         while (job := self.pool._take(self)) is not None:
-            fut, fn = job
-            if not fut.set_running_or_notify_cancel():
+            fut, fn, _ = job
+            if not (fut.running() or fut.set_running_or_notify_cancel()):  # running: handed on by a lost device
                 continue
             self.busy = True
             try:
                 if error is not None:
                     raise error
                 fut.set_result(fn(self))
+            except DeviceLost as e:
+                self.pool._lost(self, job, e)
+                break
             except BaseException as e:  # noqa: BLE001 - raised again where the caller reads the result
                 fut.set_exception(e)
             finally:
@@ -133,29 +156,59 @@ class _Worker(threading.Thread):
 
 
 class DevicePool:
-    """One :class:`.bench.IsolatedBench` per device behind one queue; what :class:`.bench.Measurer` asks
-    of one device, plus :meth:`submit`, which measures on the next free device."""
+    """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
+    queue; what :class:`.bench.Measurer` asks of one device, plus :meth:`submit`, which measures on the
+    next free device."""
 
-    def __init__(self, spec: BenchSpec, run_timeout: float, devices: Sequence[Device]) -> None:
+    def __init__(self, spec: BenchSpec, run_timeout: float, devices: Sequence[Device],
+                 open_bench: BenchOpener = open_isolated) -> None:
         if not devices:
             raise ValueError("a DevicePool needs at least one device")
         self._cond = threading.Condition()
         self._shared: deque[_Job] = deque()
         self._closed = False
         self._measured_on: dict[int, _Worker] = {}
-        self._workers = [_Worker(self, d, spec, run_timeout) for d in devices]
+        self._workers = [_Worker(self, d, spec, run_timeout, open_bench) for d in devices]
+        self._alive = list(self._workers)  # in the order listed; a lost device leaves it
+        self._dead: DeviceLost | None = None  # set when the last device is lost
         for w in self._workers:
             w.start()
         logger.info("measuring on %d devices: %s", len(devices), ", ".join(d.label for d in devices))
 
     @property
     def finalist_device(self) -> str:
-        """The label of the device the finalists are re-timed on (the first one)."""
-        return self._workers[0].device.label
+        """The label of the device the finalists are re-timed on (the first one listed that is not lost)."""
+        with self._cond:
+            return (self._alive or self._workers)[0].device.label
 
     def measured_per_device(self) -> dict[str, int]:
         """How many candidates each device has measured so far, by label."""
         return {w.device.label: w.measured for w in self._workers}
+
+    def _lost(self, worker: _Worker, job: _Job, why: DeviceLost) -> None:
+        """``worker``'s device is gone: its job (and any finalist jobs waiting for it) go to the first
+        device left, a shared job to the front of the queue; with none left, every job fails."""
+        with self._cond:
+            if worker in self._alive:
+                self._alive.remove(worker)
+            pinned = [job] if job[2] else []
+            pinned += [j for j in worker.inbox if j is not None]
+            worker.inbox.clear()
+            if self._alive:
+                logger.warning("measuring device %s lost (%s); going on with %s", worker.device.label, why,
+                               ", ".join(w.device.label for w in self._alive))
+                self._alive[0].inbox.extend(pinned)
+                if not job[2]:
+                    self._shared.appendleft(job)
+                self._cond.notify_all()
+                return
+            failed = pinned + ([] if job[2] else [job]) + list(self._shared)
+            self._shared.clear()
+            self._dead = why
+        err = TuningError(f"every measuring device was lost, the last one {worker.device.label}: {why}")
+        for fut, _, _ in failed:
+            if not fut.done():
+                fut.set_exception(err)
 
     def _take(self, worker: _Worker) -> _Job | None:
         with self._cond:
@@ -179,7 +232,9 @@ class DevicePool:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the device pool is closed")
-            self._shared.append((fut, job))
+            if self._dead is not None:
+                raise TuningError(f"every measuring device was lost: {self._dead}")
+            self._shared.append((fut, job, False))
             self._cond.notify()
         return fut
 
@@ -188,11 +243,12 @@ class DevicePool:
         return self.submit(index, cfg, compile_s).result()[1]
 
     def _on_first(self, fn: Callable[[_Worker], Any]) -> Any:
-        """Run ``fn`` on the first device's thread and wait for it."""
+        """Run ``fn`` on the first device's thread (the first not lost) and wait for it."""
         fut: Future = Future()
-        worker = self._workers[0]
         with self._cond:
-            worker.inbox.append((fut, fn))
+            if not self._alive:
+                raise TuningError(f"every measuring device was lost: {self._dead}")
+            self._alive[0].inbox.append((fut, fn, True))
             self._cond.notify_all()
         return fut.result()
 
@@ -224,8 +280,9 @@ class DevicePool:
             for w in self._workers:
                 w.inbox.append(None)
             self._cond.notify_all()
-        for fut, _ in pending:
-            fut.cancel()
+        for fut, _, _ in pending:
+            if not fut.cancel() and not fut.done():  # running: handed on by a lost device, not yet taken
+                fut.set_exception(RuntimeError("the device pool was closed"))
         for w in self._workers:
             if w.busy and w.bench is not None:
                 w.bench.abort()

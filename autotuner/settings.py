@@ -243,7 +243,7 @@ class RunSettings:
     """How the run is carried out: none of it changes which config wins."""
 
     n_jobs: int | None = _keyed(None, key=False)
-    backend: str | None = _keyed(None, key=False)
+    backend: str | None = _keyed(None, key=False)  # "ray": compile tasks and measuring actors on Ray
     isolate: bool = _keyed(True, key=False)
     run_timeout: float = _keyed(120.0, key=False)
     cache: bool = _keyed(True, key=False)
@@ -260,7 +260,10 @@ class RunSettings:
             raise ValueError(f"devices={self.devices!r} measures in one isolated process per device; "
                              "it needs isolate=True (drop isolate=False, or devices)")
         if self.backend is not None and not isinstance(self.backend, str):
-            raise TypeError(f"backend must be a joblib backend name such as 'loky', got {self.backend!r}")
+            raise TypeError(f"backend must be 'ray' or a joblib backend name such as 'loky', got {self.backend!r}")
+        if self.backend == "ray" and not self.isolate:
+            raise ValueError("backend='ray' measures in Ray actors, each its own process; it needs isolate=True "
+                             "(drop isolate=False, or backend='ray')")
         if self.db_path is not None and not isinstance(self.db_path, (str, bytes)) and not hasattr(
                 self.db_path, "__fspath__"):
             raise TypeError(f"db_path must be a path, got {self.db_path!r}")

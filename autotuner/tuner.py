@@ -41,7 +41,7 @@ from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
 from .compile import compile_all, tl_compile
 from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
-from .devices import Device, DevicePool, resolve_devices
+from .devices import Device, DevicePool, open_isolated, resolve_devices
 from .errors import TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
 from .settings import (
@@ -328,9 +328,10 @@ class AutoTuner:
                    allow_mixed_devices: bool = False) -> AutoTuner:
         """How the run is carried out.
 
-        * ``n_jobs`` compile workers (default all cores) on joblib ``backend`` (default forked
-          ``"multiprocessing"`` workers; ``"loky"``, or ``"dask"``/``"ray"`` with their joblib
-          integration registered, to go past one machine).
+        * ``n_jobs`` compile workers (default all cores) on ``backend``: default forked
+          ``"multiprocessing"`` workers; joblib's ``"loky"``, or ``"dask"`` with its joblib integration
+          registered; or ``"ray"``: compile tasks and one measuring actor per GPU on a Ray cluster (the
+          one this process is connected to, else ``RAY_ADDRESS``, else a local one), docs/scale_out.md.
         * ``cache``: use the tuning database, at ``db_path`` (default :func:`autotuner.cache.cache_dir`).
         * ``progress``: the progress bar.
         * ``isolate`` (default): check and time in a separate process, so a kernel that crashes or
@@ -349,6 +350,8 @@ class AutoTuner:
           as ``[0, 1]``: one isolated measuring process per GPU, fed from one queue as candidates finish
           compiling; finalists are re-timed on the first. GPUs of different models are refused unless
           ``allow_mixed_devices``. On the C target, ``devices`` are that many CPU measuring processes.
+          With ``backend="ray"``, ``None`` and ``"all"`` mean one actor per GPU of the cluster, and a list
+          of n indices n actors (labelled ``ray:<index>``; Ray picks the GPUs).
         """
         if devices is not None and not isinstance(devices, str):
             devices = tuple(devices) if isinstance(devices, Iterable) else devices
@@ -405,7 +408,14 @@ class AutoTuner:
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
         rs = self.run_settings
-        devices = resolve_devices(rs.devices, target.kind, rs.allow_mixed_devices) if rs.devices is not None else None
+        if rs.backend == "ray":  # connects (or starts a local Ray) here, before the run's scratch directory
+            from .ray_cluster import resolve_ray_devices
+
+            devices = resolve_ray_devices(rs.devices, target.kind, target.device_name, rs.allow_mixed_devices)
+        elif rs.devices is not None:
+            devices = resolve_devices(rs.devices, target.kind, rs.allow_mixed_devices)
+        else:
+            devices = None
         target_key = target.key()
         names = sorted({d.name for d in devices or []})
         if target.kind == "cuda" and names and names != [target.device_name]:
@@ -560,8 +570,14 @@ class _Run:
         t, rs = self.t, self.t.run_settings
         self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
                         disable=not rs.progress, leave=False)
-        bench: Measurer = (DevicePool(self.spec, rs.run_timeout, self.devices) if self.devices
-                           else make_measurer(self.spec, rs.isolate, rs.run_timeout))
+        if rs.backend == "ray":
+            from .ray_cluster import RayBench
+
+            bench: Measurer = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=RayBench)
+        elif self.devices:
+            bench = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=open_isolated)
+        else:
+            bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
         try:
             to_compile = self._resume_and_validate()
             self._mark("start")

@@ -1,19 +1,25 @@
 """TileLang's 288-config GEMM grid at 4096³ tuned on one GPU and on every GPU of the host (issue 13).
 
-Each tuning runs in its own subprocess (a fresh CUDA context and tuning database), in this order:
+Each tuning runs in its own subprocess (a fresh CUDA context and tuning database). The arms:
 
-* ``1gpu-cold`` and ``all-cold``: today's single measuring process, then ``set_tuning(devices="all")``,
-  each with a fresh TileLang kernel cache: compiling and measuring, as a user's first tune;
-* ``1gpu-warm`` and ``all-warm``: the same, with the cold runs' TileLang cache kept, so every compile
-  is a cache hit and measuring dominates: how measuring itself scales;
-* ``compare``: the two winners of each pair timed side by side in one process (5 interleaved
-  rounds), so "same winner or within 1%" is judged on one GPU at one time.
+* ``1gpu``: today's single measuring process; ``all``: ``set_tuning(devices="all")``;
+* ``ray`` (``--ray``): ``set_tuning(backend="ray")`` on a local Ray instance started in the child before
+  the clock starts (its start is recorded as ``ray_init_s``): compile tasks and one actor per GPU;
+* ``tl`` (``--tilelang``, cold only): TileLang's own AutoTuner with ``benchmark_multi_gpu=True``, as
+  its ``example_gemm_autotune.py`` calls it.
 
-Prints a table and saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips
-what would not fit. On an ``nvidia-h200-x2`` host (32 cores) the whole run takes about 4-6 minutes.
-Shorter: ``--configs 96`` (every third config of the grid), ``--modes cold``.
+``cold`` runs each get a fresh TileLang kernel cache: compiling and measuring, as a user's first tune.
+``warm`` runs share the cache ``1gpu-cold`` filled (it runs first, also with ``--modes warm``), so
+every compile is a cache hit and measuring dominates: how measuring itself scales. Then ``compare``
+times every distinct winner of a mode side by side in one process (5 interleaved rounds), so "same
+winner or within 1%" is judged on one GPU at one time. ``pairs`` has, per mode and arm, the wall time
+over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all``).
 
-    . .gpu/setup.sh && python3 benchmarks/multi_gpu.py --out $OUT/multi_gpu.json
+Saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips what would not fit.
+On an ``nvidia-h200-x2`` host (32 cores) ``--modes cold`` with every arm takes about 5-7 minutes,
+``--ray --modes warm`` about 4-5. Shorter: ``--configs 96`` (every third config of the grid).
+
+    . .gpu/setup.sh && python3 benchmarks/multi_gpu.py --ray --tilelang --modes cold --out $OUT/cold.json
 """
 
 from __future__ import annotations
@@ -38,38 +44,72 @@ def grid(shape: list[int], n: int) -> tuple[Any, list[Any]]:
     from templates import matmul as mm
 
     problem = mm.MatmulProblem(*shape)
-    space = mm.MATMUL.space(problem)
+    return problem, spread(mm.MATMUL.space(problem), n)
+
+
+def spread(space: list[Any], n: int) -> list[Any]:
     step = max(1, len(space) // n)
-    return problem, space[::step][:n]
+    return space[::step][:n]
 
 
 def child_tune(args: argparse.Namespace) -> dict[str, Any]:
-    """One tuning of the grid, with ``devices=None`` (1gpu) or ``"all"``; runs in a subprocess."""
+    """One tuning of the grid by one arm (``1gpu``, ``all``, ``ray``, ``tl``); runs in a subprocess."""
     import torch
 
     from templates import matmul as mm
 
     problem, configs = grid(args.shape, args.configs)
-    devices = None if args.child.startswith("1gpu") else "all"
+    arm = args.child.split("-")[0]
+    out: dict[str, Any] = {"mode": args.child, "gpus": torch.cuda.device_count(), "n_configs": len(configs),
+                           "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    if arm == "tl":
+        return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs))}
+    tuning: dict[str, Any] = {"devices": "all"} if arm == "all" else {}
+    if arm == "ray":
+        import ray
+
+        # the GPU machines' memory grows as it is used, so Ray's memory monitor, which reads the size at the
+        # start, would kill compile tasks the direct arms run unhindered
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+        t0 = time.perf_counter()
+        ray.init(include_dashboard=False, log_to_driver=False, object_store_memory=2 << 30)
+        out["ray_init_s"] = round(time.perf_counter() - t0, 2)
+        out["ray_gpus"] = ray.cluster_resources().get("GPU")
+        tuning = {"backend": "ray"}
     t0 = time.perf_counter()
     r = (mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
-         .set_tuning(cache=False, progress=False, devices=devices).run(3, 20))
+         .set_tuning(cache=False, progress=False, **tuning).run(3, 20))
     wall = time.perf_counter() - t0
     per_device: dict[str, int] = {}
-    for t in r.trials:
-        per_device[str(t.device)] = per_device.get(str(t.device), 0) + 1
     statuses: dict[str, int] = {}
     for t in r.trials:
+        per_device[str(t.device)] = per_device.get(str(t.device), 0) + 1
         statuses[str(t.status)] = statuses.get(str(t.status), 0) + 1
-    return {"mode": args.child, "devices": devices, "gpus": torch.cuda.device_count(),
-            "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-            "n_configs": len(configs), "wall_s": round(wall, 2),
-            "phases": {k: round(v, 2) for k, v in r.phases.items()},
+    return {**out, "tuning": tuning, "wall_s": round(wall, 2), "phases": {k: round(v, 2) for k, v in r.phases.items()},
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device}
 
 
+def tilelang_tune(problem: Any, configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """TileLang's AutoTuner over ``configs`` (the same grid configs as plain dicts of its six keys) on every
+    GPU (``benchmark_multi_gpu=True``), called as its ``example_gemm_autotune.py`` calls it (integer
+    inputs, a torch reference, warmup=3, rep=20)."""
+    import tilelang
+    from gemm import make_tl_kernel
+    from tilelang.autotuner import AutoTuner as TileLangAutoTuner
+
+    t0 = time.perf_counter()
+    r = (TileLangAutoTuner.from_kernel(kernel=make_tl_kernel(problem.M, problem.N, problem.K, "float16"),
+                                       configs=configs)
+         .set_compile_args(out_idx=[-1], target="auto")
+         .set_profile_args(supply_type=tilelang.TensorSupplyType.Integer, ref_prog=lambda A, B: A @ B.T,
+                           skip_check=False)
+         .run(warmup=3, rep=20, benchmark_multi_gpu=True))
+    return {"tuning": {"benchmark_multi_gpu": True}, "wall_s": round(time.perf_counter() - t0, 2),
+            "config": r.config, "latency_ms": r.latency}
+
+
 def child_compare(args: argparse.Namespace) -> dict[str, Any]:
-    """Both winners of a pair timed in 5 interleaved rounds on GPU 0; medians in ms."""
+    """Every winner of ``--pair`` (a JSON list) timed in 5 interleaved rounds on GPU 0; medians in ms."""
     import statistics
 
     import torch
@@ -82,19 +122,20 @@ def child_compare(args: argparse.Namespace) -> dict[str, Any]:
     kernels = [mm.MATMUL.compile(problem, c) for c in cfgs]
     a = torch.randn(problem.M, problem.K, device="cuda", dtype=torch.float16)
     b = torch.randn(problem.N, problem.K, device="cuda", dtype=torch.float16)
-    rounds: list[list[float]] = [[], []]
+    rounds: list[list[float]] = [[] for _ in kernels]
     for r in range(5):
-        for j in (r % 2, 1 - r % 2):
+        for j in [(r + i) % len(kernels) for i in range(len(kernels))]:
             rounds[j].append(time_callable(lambda k=kernels[j]: k(a, b), 3, 20, "cuda").median_ms)
     return {"medians_ms": [statistics.median(x) for x in rounds]}
 
 
 def run_child(args: argparse.Namespace, which: str, env: dict[str, str], extra: list[str], limit: float) -> dict:
-    cmd = [sys.executable, __file__, "--child", which, "--configs", str(args.configs),
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", which, "--configs", str(args.configs),
            "--shape", *map(str, args.shape), *extra]
     t = time.time()
     try:
-        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=limit)
+        p = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=limit,
+                           cwd=tempfile.gettempdir())  # TileLang's AutoTuner writes autotuner.log where it runs
     except subprocess.TimeoutExpired:
         return {"mode": which, "error": f"killed at the time limit after {limit:.0f} s"}
     last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else ""
@@ -105,11 +146,40 @@ def run_child(args: argparse.Namespace, which: str, env: dict[str, str], extra: 
     return out
 
 
+def compare_mode(args: argparse.Namespace, data: dict[str, Any], kind: str, arms: list[str], env: dict[str, str],
+                 cache: str) -> dict[str, Any]:
+    """Wall-time ratios of each arm over ``1gpu`` and ``all``, and every distinct winner timed side by side."""
+    runs = {a: data["runs"][f"{a}-{kind}"] for a in arms if "config" in data["runs"].get(f"{a}-{kind}", {})}
+    pair: dict[str, Any] = {}
+    for a, run in runs.items():
+        pair[a] = {"wall_s": run["wall_s"]}
+        for base in ("1gpu", "all"):
+            if base in runs and base != a:
+                pair[a][f"wall_over_{base}"] = round(run["wall_s"] / runs[base]["wall_s"], 3)
+    winners = list({json.dumps(r["config"], sort_keys=True): r["config"] for r in runs.values()}.values())
+    if len(winners) > 1 and args.time_limit - (time.time() - T0) > 60:
+        cmp = run_child(args, "compare", {**env, "TILELANG_CACHE_DIR": cache}, ["--pair", json.dumps(winners)],
+                        min(150.0, args.time_limit - (time.time() - T0) - 10))
+        pair["side_by_side_ms"] = cmp.get("medians_ms", cmp.get("error"))
+        if "medians_ms" in cmp:
+            ms = {json.dumps(w, sort_keys=True): m for w, m in zip(winners, cmp["medians_ms"])}
+            best = min(cmp["medians_ms"])
+            for a, run in runs.items():
+                pair[a]["winner_over_best"] = round(ms[json.dumps(run["config"], sort_keys=True)] / best, 4)
+    for a in runs:
+        ratio = pair[a].get("winner_over_best", 1.0 if len(winners) == 1 else None)
+        pair[a]["winner_ok"] = ratio is not None and ratio <= 1.01
+    return pair
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", nargs=3, type=int, default=[4096, 4096, 4096])
     p.add_argument("--configs", type=int, default=288, help="an even spread of this many grid configs")
     p.add_argument("--modes", choices=["cold", "warm", "both"], default="both")
+    p.add_argument("--ray", action="store_true", help="add the arm on a local Ray instance (backend='ray')")
+    p.add_argument("--tilelang", action="store_true", help="add TileLang's AutoTuner with benchmark_multi_gpu "
+                   "(cold only)")
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds for the whole run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "multi_gpu.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -121,41 +191,31 @@ def main() -> None:
     tl_cache = tempfile.mkdtemp(prefix="multi-gpu-tl-")
     env = {"TILECARVE_CACHE_DIR": tempfile.mkdtemp(prefix="multi-gpu-db-")}
     kinds = ["cold", "warm"] if args.modes == "both" else [args.modes]
+    arms = ["1gpu", "all"] + ["ray"] * args.ray + ["tl"] * args.tilelang
+    plan = [(a, "cold") for a in arms] if "cold" in kinds else [("1gpu", "cold")]  # fills the warm runs' cache
+    plan += [(a, "warm") for a in arms if a != "tl" and "warm" in kinds]  # TileLang's cache keys are not ours
     data: dict[str, Any] = {"shape": args.shape, "configs": args.configs, "started": time.strftime("%Y-%m-%d %H:%M"),
-                            "runs": {}, "pairs": {}}
+                            "plan": [f"{a}-{k}" for a, k in plan], "runs": {}, "pairs": {}}
+    warm_cache = os.path.join(tl_cache, "1gpu-cold")
     longest = 0.0
-    for kind in kinds:
-        for which in (f"1gpu-{kind}", f"all-{kind}"):
-            left = args.time_limit - (time.time() - T0)
-            if left < max(60.0, 1.1 * longest):
-                data["runs"][which] = {"mode": which, "error": f"skipped: {left:.0f} s left of --time-limit"}
-                log(f"{which}: skipped ({left:.0f} s left)")
-                continue
-            cache = os.path.join(tl_cache, which) if kind == "cold" else os.path.join(tl_cache, "1gpu-cold")
+    for i, (arm, kind) in enumerate(plan):
+        which = f"{arm}-{kind}"
+        left = args.time_limit - (time.time() - T0)
+        if left < max(60.0, 1.1 * longest):
+            data["runs"][which] = {"mode": which, "error": f"skipped: {left:.0f} s left of --time-limit"}
+            log(f"{which}: skipped ({left:.0f} s left)")
+        else:
             log(f"{which}: tuning {args.configs} configs at {'x'.join(map(str, args.shape))}")
+            cache = os.path.join(tl_cache, which) if kind == "cold" else warm_cache
             run = run_child(args, which, {**env, "TILELANG_CACHE_DIR": cache}, [], left - 30)
             data["runs"][which] = run
             longest = max(longest, run.get("process_s", 0.0))
             log(f"{which}: {run.get('wall_s', '-')} s, winner {run.get('config')} {run.get('latency_ms')} ms, "
                 f"per device {run.get('trials_per_device')} {run.get('error', '')}")
-            dump(args.out, data)
-        one, every = data["runs"].get(f"1gpu-{kind}", {}), data["runs"].get(f"all-{kind}", {})
-        if "config" in one and "config" in every:
-            pair: dict[str, Any] = {"wall_ratio": round(every["wall_s"] / one["wall_s"], 3),
-                                    "same_winner": one["config"] == every["config"]}
-            if not pair["same_winner"] and args.time_limit - (time.time() - T0) > 60:
-                cmp = run_child(args, "compare", {**env, "TILELANG_CACHE_DIR": os.path.join(tl_cache, "1gpu-cold")},
-                                ["--pair", json.dumps([one["config"], every["config"]])],
-                                min(120.0, args.time_limit - (time.time() - T0) - 10))
-                pair["side_by_side_ms"] = cmp.get("medians_ms", cmp.get("error"))
-                if "medians_ms" in cmp:
-                    m1, m2 = cmp["medians_ms"]
-                    pair["all_winner_vs_1gpu_winner"] = round(m2 / m1, 4)
-            ratio = pair.get("all_winner_vs_1gpu_winner")
-            pair["winner_ok"] = pair["same_winner"] or (ratio is not None and ratio <= 1.01)
-            data["pairs"][kind] = pair
-            log(f"{kind}: all-GPU wall / 1-GPU wall = {pair['wall_ratio']}, same winner {pair['same_winner']}, "
-                f"within 1% {pair['winner_ok']}")
+        dump(args.out, data)
+        if kind in kinds and (i + 1 == len(plan) or plan[i + 1][1] != kind):  # the mode's last arm
+            data["pairs"][kind] = compare_mode(args, data, kind, arms, env, warm_cache)
+            log(f"{kind}: {json.dumps(data['pairs'][kind])}")
             dump(args.out, data)
     data["total_s"] = round(time.time() - T0, 1)
     dump(args.out, data)

@@ -23,6 +23,9 @@ import autotuner.devices as devices_mod
 from autotuner import AutoTuner
 from autotuner.bench import IsolatedBench
 from autotuner.cache import TuningDB
+from autotuner.devices import Device, DeviceLost, DevicePool
+from autotuner.errors import TuningError
+from autotuner.timing import Timing
 from autotuner.trial import Status, Trial
 
 DEVICES = [2, 0, 1]  # the first listed, cpu:2, re-times the finalists
@@ -171,6 +174,72 @@ def test_gpus_are_pinned_through_cuda_visible_devices(monkeypatch):
                                                ("cuda:1", {"CUDA_VISIBLE_DEVICES": "5"})]
     with pytest.raises(ValueError, match=r"sees 2 GPU\(s\).*\[2\] cannot be used"):
         devices_mod.resolve_devices([0, 2], "cuda", allow_mixed=False)
+
+
+class FakeBench:
+    """A measuring side whose device is lost when ``lost`` names it (a Ray node gone): it raises
+    :class:`DeviceLost` before running the job, as :class:`autotuner.ray_cluster.RayBench` does."""
+
+    lost: set[int] = set()
+
+    def __init__(self, spec, run_timeout, device):
+        self.index = device.index
+
+    def _check(self):
+        if self.index in self.lost:
+            raise DeviceLost(f"node of device {self.index} gone")
+
+    def measure(self, index, cfg, compile_s):
+        self._check()
+        time.sleep(0.02)  # the other device takes jobs meanwhile
+        return Trial(cfg, Status.OK, None, compile_s, 1.0 + index, 1.0, 0.0)
+
+    def retime(self, index, cfg):
+        self._check()
+        return Timing(float(self.index), 0.0, 0.0, 1)
+
+    def fetch_ref_latency(self):
+        return None
+
+    def measured_hash(self, index):
+        return None
+
+    def abort(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def fake_pool(monkeypatch, lost):
+    monkeypatch.setattr(FakeBench, "lost", set(lost))
+    return DevicePool(None, 10, [Device(1, "cpu:1", "cpu"), Device(0, "cpu:0", "cpu")], open_bench=FakeBench)
+
+
+def test_a_lost_device_hands_its_job_on_and_the_rest_finish(monkeypatch):
+    pool = fake_pool(monkeypatch, lost={1})
+    try:
+        futures = [pool.submit(i, {"block_M": i}, 0.5) for i in range(6)]
+        results = sorted(f.result(timeout=30) for f in futures)
+        assert [i for i, _ in results] == list(range(6))  # not one candidate lost with the device
+        assert {t.device for _, t in results} == {"cpu:0"}
+        assert pool.finalist_device == "cpu:0"  # the first listed is gone: the next one re-times the finalists
+        assert pool.retime(0, {"block_M": 0}).median_ms == 0.0  # cpu:0's timing
+    finally:
+        pool.close()
+
+
+def test_when_every_device_is_lost_the_run_fails_with_the_reason(monkeypatch):
+    pool = fake_pool(monkeypatch, lost={0, 1})
+    try:
+        futures = [pool.submit(i, {"block_M": i}, 0.5) for i in range(3)]
+        for f in futures:
+            with pytest.raises(TuningError, match="every measuring device was lost.*node of device"):
+                f.result(timeout=30)
+        with pytest.raises(TuningError, match="every measuring device was lost"):
+            pool.submit(3, {"block_M": 3}, 0.5)
+    finally:
+        pool.close()
 
 
 OLD_TRIALS = """CREATE TABLE runs (key TEXT PRIMARY KEY, kernel TEXT NOT NULL, target TEXT NOT NULL,

@@ -58,9 +58,11 @@ def ref_add(A, B):
     return A + B
 
 
-def add_crashing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, mode: str = "ok", dtype: str = "float32"):
-    """mode="abort" kills its process (raise(SIGSEGV)), mode="spin" never finishes."""
-    spins = 1 << 40 if mode == "spin" else 1
+def add_crashing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, mode: str = "ok", dtype: str = "float32",
+                 repeat: int = 1):
+    """mode="abort" kills its process (raise(SIGSEGV)), mode="spin" never finishes; repeat=n writes C n times
+    over, so that a config's cost, and the winner, is known in advance."""
+    spins = 1 << 40 if mode == "spin" else repeat
 
     @T.prim_func
     def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):

@@ -1,0 +1,261 @@
+"""Tuning on a Ray cluster (``set_tuning(backend="ray")``): compile tasks and one measuring actor per GPU.
+
+* **Which cluster.** The Ray instance this process is already connected to (the user called
+  ``ray.init``), else the cluster ``RAY_ADDRESS`` names, else a local instance started here, without
+  the dashboard; it stays up for later runs of this process (``ray.shutdown()`` ends it).
+* **Compiling.** One Ray task per config (``num_cpus=1``; ``n_jobs`` bounds how many run at once),
+  running the very :func:`.compile.compile_task` a local worker runs: a killable child per compile,
+  with its timeout. The kernel travels as it does to joblib workers (cloudpickle, with the globals it
+  needs and a notebook kernel's source), once per run through Ray's object store. Outcomes come back
+  as they finish. A task lost with its worker or node is retried by Ray, then recorded as a
+  ``compile_error``.
+* **Measuring.** One actor per device: ``num_gpus=1`` (Ray pins it to its GPU), no CPU reserved, so
+  the compile tasks keep every core; on the C target a fake device that reserves nothing. Each actor
+  holds a :class:`.bench.Bench` and plays the part of one isolated measuring process behind
+  :class:`.devices.DevicePool`'s queue (:class:`RayBench`). A kernel that crashes its actor costs its
+  candidate (``runtime_error``) and Ray restarts the actor; one that runs past ``run_timeout`` gets
+  the actor killed and restarted (``timeout``). An actor that cannot come back, its node gone and no
+  GPU free, is dropped (:class:`.devices.DeviceLost`) and the run finishes on the others.
+* **The database stays on the driver** (this process): each trial is written as it arrives, so a lost
+  node costs its in-flight candidates only, and a re-run resumes from the recorded trials.
+
+Workers import what this process imports: their ``PYTHONPATH`` is this process's ``sys.path``, and
+they share its ``TILELANG_CACHE_DIR`` if one is set, so a candidate compiled by a task on the same
+machine is a disk-cache hit for the actor that measures it. On other machines the actor compiles the
+candidate again unless that directory is on a shared file system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import procs
+from .bench import Bench, BenchSpec, ServedBench, load_spec, serve_one, spec_payload
+from .compile import CompileOutcome, compile_task
+from .devices import Device, DeviceLost, device_name
+from .trial import Status
+
+__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "resolve_ray_devices",
+           "worker_runtime_env"]
+
+logger = logging.getLogger(__name__)
+
+#: The model a device is expected to be with ``allow_mixed_devices=True``: any (each trial records its device).
+ANY_MODEL = "any model"
+#: Seconds an actor may take to come up the first time (imports, CUDA context), as the measuring process.
+START_TIMEOUT_S = 600.0
+#: Seconds a restarted actor may take to come back before its device is dropped (a lost node whose
+#: actor finds no free GPU elsewhere never comes back).
+RESTART_TIMEOUT_S = 180.0
+#: Calls that find the actor dead, a second apart, before it is taken as dead for good.
+DEAD_CALLS = 5
+#: How often Ray retries a compile task whose worker or node died.
+COMPILE_RETRIES = 2
+
+
+def connect() -> Any:
+    """The ``ray`` module, connected: to the instance this process already uses, else to ``RAY_ADDRESS``,
+    else to a local instance started now. Call it outside a run's scratch directory (:mod:`.procs`):
+    a local instance keeps its files under ``$TMPDIR``."""
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError("set_tuning(backend='ray') needs Ray: pip install 'tilecarve[ray]' "
+                          "(or pip install 'ray>=2.31')") from e
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            logger.info("connecting to the Ray cluster at %s (RAY_ADDRESS)", address)
+            ray.init(address=address)
+        else:
+            logger.info("starting a local Ray instance (no dashboard); it stays up for later runs")
+            ray.init(include_dashboard=False, log_to_driver=False)
+    return ray
+
+
+def worker_runtime_env() -> dict[str, Any]:
+    """What the run's Ray workers take from this process: its import path (the user's kernels, an
+    uninstalled checkout) and TileLang's kernel cache directory, when one is set."""
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    if os.environ.get("TILELANG_CACHE_DIR"):
+        env["TILELANG_CACHE_DIR"] = os.environ["TILELANG_CACHE_DIR"]
+    return {"env_vars": env}
+
+
+def resolve_ray_devices(devices: str | Sequence[int] | None, kind: str, model: str | None,
+                        allow_mixed: bool) -> list[Device]:
+    """The measuring actors a run asks for, labelled ``ray:<index>``: one per GPU of the cluster for
+    ``None`` or ``"all"``, else one per listed index (Ray picks the GPUs; the first listed re-times the
+    finalists). On the C target, ``None`` is one fake device and ``"all"`` one per CPU of the cluster.
+    Each actor must run on ``model`` (the target's GPU) unless ``allow_mixed``; it checks when it starts."""
+    ray = connect()
+    have = ray.cluster_resources()
+    count = int(have.get("GPU", 0)) if kind == "cuda" else int(have.get("CPU", 1))
+    if devices is None or devices == "all":
+        indices = list(range(count if kind == "cuda" or devices == "all" else 1))
+    else:
+        indices = list(devices)
+    if kind == "cuda" and count == 0:
+        raise ValueError("backend='ray': the Ray cluster has no GPUs (ray.cluster_resources() has no 'GPU'); "
+                         "start its nodes with GPUs, or tune without backend='ray'")
+    if kind == "cuda" and len(indices) > count:
+        raise ValueError(f"backend='ray', devices={devices!r}: the Ray cluster has {count} GPU(s), so "
+                         f"{len(indices)} measuring actors cannot each have one; ask for at most {count}, "
+                         "or devices=None for one per GPU")
+    name = "cpu" if kind != "cuda" else ANY_MODEL if allow_mixed or model is None else model
+    return [Device(i, f"ray:{i}", name) for i in indices]
+
+
+class MeasuringActor:
+    """The body of one measuring actor: a :class:`.bench.Bench` on the actor's device, answering the
+    requests an isolated measuring process answers (:func:`.bench.serve_one`)."""
+
+    def __init__(self, payload: tuple) -> None:
+        # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile task's)
+        # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
+        self._scratch = contextlib.ExitStack()
+        self._scratch.enter_context(procs.run_scratch())
+        self.bench = Bench(load_spec(*payload))
+
+    def info(self) -> dict[str, Any]:
+        """Where this actor runs: its device's model, its node and Ray's GPU ids for it."""
+        import ray
+
+        return {"name": device_name(self.bench.spec.device, 0), "node": ray.util.get_node_ip_address(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+    def call(self, msg: tuple) -> tuple[str, Any]:
+        return serve_one(self.bench, msg)
+
+
+class RayBench(ServedBench):
+    """What :class:`.bench.IsolatedBench` does for one device, done by a Ray actor (:class:`MeasuringActor`).
+
+    The actor is created at once and awaited at the first call, so its start overlaps compilation.
+    After a death or a kill, the next call waits for Ray to restart it; one that is not back within
+    :data:`RESTART_TIMEOUT_S` (or is dead for good) raises :class:`.devices.DeviceLost`.
+    """
+
+    def __init__(self, spec: BenchSpec, run_timeout: float, device: Device) -> None:
+        super().__init__(spec, run_timeout)
+        self.ray = connect()
+        self.device = device
+        gpu = {"num_gpus": 1} if spec.device == "cuda" else {}
+        actor = self.ray.remote(MeasuringActor).options(
+            num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0, runtime_env=worker_runtime_env(),
+            name=None)
+        self._payload = self.ray.put(spec_payload(spec))  # held here: a restart takes it again
+        self._actor = actor.remote(self._payload)
+        self._wait: float | None = START_TIMEOUT_S  # seconds to wait for the actor at the next call; None: up
+        self._started = False  # it has been up once
+
+    def _up(self) -> None:
+        """Wait for the actor (its first start or a restart); check its device's model."""
+        if self._wait is None:
+            return
+        errors = self.ray.exceptions
+        deadline = time.monotonic() + self._wait
+        died = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.abort()
+                raise DeviceLost(f"its Ray actor was not up within {self._wait:g} s (its node lost, or no free "
+                                 "GPU to restart it on)")
+            try:
+                info = self.ray.get(self._actor.info.remote(), timeout=left)
+                break
+            except errors.GetTimeoutError:
+                continue
+            except errors.ActorUnavailableError:  # restarting: ask again
+                time.sleep(min(1.0, left))
+            except errors.ActorDiedError as e:
+                if e.actor_init_failed and not self._started:  # the setup is wrong (e.g. the kernel's module
+                    raise RuntimeError(f"the Ray measuring actor {self.device.label} could not start: {e}") \
+                        from None  # cannot be imported on the workers): every device would fail alike
+                died += 1
+                if e.actor_init_failed or died >= DEAD_CALLS:
+                    raise DeviceLost(f"its Ray actor is dead and does not restart: {_headline(e)}") from None
+                time.sleep(1.0)  # a call that raced the actor's restart
+        if self.device.name not in (ANY_MODEL, info["name"]):
+            self.abort()
+            raise ValueError(f"the Ray measuring actor {self.device.label} runs on {info['name']} (node "
+                             f"{info['node']}), not on the target's {self.device.name}; timings on one do not "
+                             "compare with timings on the other. Tune on a cluster of one model, or pass "
+                             "set_tuning(allow_mixed_devices=True) to rank across them anyway")
+        logger.info("%s: measuring on node %s, GPU %s (%s)", self.device.label, info["node"],
+                    ",".join(info["gpus"]) or "-", info["name"])
+        self._wait, self._started = None, True
+
+    def _call(self, msg: tuple, timeout: float) -> tuple[str, Any]:
+        """``("ok", reply)``, ``("input_error", ...)``, ``("error", text)``, ``("died", why)`` or
+        ``("timeout", why)``, as :meth:`.bench.IsolatedBench._call` answers."""
+        self._up()
+        ref = self._actor.call.remote(msg)
+        done, _ = self.ray.wait([ref], timeout=timeout)
+        if not done:
+            self.ray.kill(self._actor, no_restart=False)
+            self._wait = RESTART_TIMEOUT_S
+            return "timeout", (f"kernel ran past run_timeout={timeout:g} s; its Ray measuring actor "
+                               f"({self.device.label}) was killed and restarted")
+        try:
+            return self.ray.get(ref)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as e:
+            self._wait = RESTART_TIMEOUT_S
+            return "died", (f"the Ray measuring actor {self.device.label} died while running this config: a crash, "
+                            f"a sticky CUDA error, or its node was lost ({_headline(e)}); Ray restarts it for "
+                            "the remaining configs")
+
+    def abort(self) -> None:
+        """Kill the actor for good, from any thread: a call waiting on it returns as ``died``."""
+        self.ray.kill(self._actor, no_restart=True)
+
+    def close(self) -> None:
+        """End the actor now (it frees its GPU); nothing of it is needed after the run."""
+        self.abort()
+
+
+def _headline(e: BaseException) -> str:
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOutcome]:
+    """Run :func:`.compile.compile_task` on Ray for each argument tuple of ``tasks``; yield outcomes as
+    they finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs).
+    Stopping early (``close()``, an exception in the consumer) cancels the rest, killing running ones."""
+    ray = connect()
+    lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
+            ray.exceptions.OutOfMemoryError)
+    remote = ray.remote(compile_task).options(num_cpus=1, max_retries=COMPILE_RETRIES,
+                                              runtime_env=worker_runtime_env())
+    payload, glb, sources = (ray.put(x) for x in tasks[0][:3])  # the same in every task: stored once
+    queue = deque(tasks)
+    limit = len(tasks) if n_jobs is None or n_jobs == -1 else n_jobs
+    running: dict[Any, tuple[int, float]] = {}  # ref -> (config index, submitted at)
+    try:
+        while queue or running:
+            while queue and len(running) < limit:
+                task = queue.popleft()
+                running[remote.remote(payload, glb, sources, *task[3:])] = (task[3], time.perf_counter())
+            done, _ = ray.wait(list(running), num_returns=1)
+            for ref in done:
+                index, t0 = running.pop(ref)
+                try:
+                    out = ray.get(ref)
+                except lost as e:
+                    out = CompileOutcome(index, Status.COMPILE_ERROR, f"the Ray compile task for this config was "
+                                         f"lost with its worker or node, {COMPILE_RETRIES} retries included "
+                                         f"({_headline(e)})", time.perf_counter() - t0)
+                yield out
+    finally:
+        for ref in running:
+            ray.cancel(ref, force=True)

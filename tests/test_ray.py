@@ -1,0 +1,182 @@
+"""The Ray backend (``set_tuning(backend="ray")``, autotuner/ray_cluster.py) on a local Ray instance, C target.
+
+One local Ray per module (2 CPUs, no GPU, no dashboard), started here the way a user starts one
+(``ray.init``), which tilecarve must reuse; the GPU test comes first and starts its own. Two fake
+devices (measuring actors that reserve nothing) tune configs whose cost is known in advance, one of
+which crashes its actor; a second run resumes an interrupted one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sqlite3
+
+import pytest
+import torch
+from test_multidevice import tuner as multidevice_tuner  # add_crashing on the C target, 2 compile workers
+
+import autotuner.ray_cluster as ray_cluster
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="the Ray backend needs ray: pip install 'tilecarve[ray]'")
+
+# add_crashing writes C `repeat` times over, so the winner is known: the only config with repeat=1
+WINNER = dict(block_M=32, block_N=32, repeat=1)
+CONFIGS = [dict(mode="abort"), dict(block_M=16, block_N=32, repeat=4), WINNER, dict(block_M=32, block_N=16, repeat=4),
+           dict(block_M=64, block_N=64, repeat=16)]
+
+
+def tuner(**tuning):
+    return multidevice_tuner(CONFIGS, **tuning)
+
+
+@pytest.mark.gpu
+@needs_ray
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 or more GPUs (an nvidia-h200-x2 machine: "
+                    "python3 -m pytest -m gpu tests/test_ray.py)")
+def test_a_matmul_tuned_on_a_local_ray_cluster_is_measured_on_every_gpu():
+    import ray
+
+    from templates import matmul as mm
+
+    started = not ray.is_initialized()  # first in the module: its own Ray, with every core and GPU
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        problem = mm.MatmulProblem(2048, 2048, 2048)
+        configs = mm.MATMUL.space(problem)[::12]  # 24 of the 288
+        result = (mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
+                  .set_tuning(cache=False, progress=False, backend="ray").run(3, 20))
+    finally:
+        if started:
+            ray.shutdown()
+    measured = {t.device for t in result.trials if t.status == "ok"}
+    assert measured == {f"ray:{i}" for i in range(torch.cuda.device_count())}, [(t.status, t.device)
+                                                                                for t in result.trials]
+    assert {t.device for t in result.trials if t.rounds} == {"ray:0"}
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
+    torch.testing.assert_close(result.kernel(a, b).float(), (a @ b.T).float(), atol=1.0, rtol=1e-2)
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    import ray
+
+    os.environ.setdefault("TILELANG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tilelang-cache"))
+    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # alike on any host
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_run(local_ray, tmp_path_factory):
+    """The result and database of a run on two fake devices, ``ray:1`` listed first; ``ray.init`` calls made
+    during the run (there must be none: the running instance is reused); the pool's warnings."""
+    db = tmp_path_factory.mktemp("ray") / "tuning.sqlite"
+    inits: list = []
+    warned = _Records()
+    logging.getLogger("autotuner.devices").addHandler(warned)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(local_ray, "init", lambda *a, **k: inits.append((a, k)))
+            result = tuner(backend="ray", devices=[1, 0], db_path=str(db), run_timeout=60).run(1, 3)
+    finally:
+        logging.getLogger("autotuner.devices").removeHandler(warned)
+    return result, db, inits, warned.messages
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@needs_ray
+def test_a_crash_costs_one_candidate_and_the_winner_is_the_local_runs(ray_run):
+    result, _, _, warned = ray_run
+    assert [t.status for t in result.trials] == ["runtime_error"] + ["ok"] * 4, result.trials
+    assert "Ray measuring actor ray:" in result.trials[0].error and "died" in result.trials[0].error
+    assert not [m for m in warned if "lost" in m], warned  # the crashed actor was restarted, not dropped
+    local = tuner(cache=False).run(1, 3)
+    assert result.config == local.config == WINNER, (result.config, local.config)
+    torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
+
+
+@needs_ray
+def test_every_trial_is_in_the_database_with_its_actor(ray_run):
+    result, db, _, _ = ray_run
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT idx, status, device FROM trials ORDER BY idx").fetchall()
+    assert [(s, d) for _, s, d in rows] == [(t.status, t.device) for t in result.trials]
+    assert {d for _, _, d in rows} <= {"ray:0", "ray:1"} and None not in {d for _, _, d in rows}, rows
+    assert {t.device for t in result.trials if t.rounds} == {"ray:1"}  # finalists: on the first listed
+
+
+@needs_ray
+def test_the_running_ray_instance_is_reused(ray_run, local_ray):
+    _, _, inits, _ = ray_run
+    assert inits == [] and len(local_ray.nodes()) == 1
+
+
+@needs_ray
+def test_a_rerun_measures_only_what_the_interrupted_run_did_not_record(ray_run, monkeypatch):
+    _, db, _, _ = ray_run
+    with sqlite3.connect(db) as conn:  # as if the run had been killed before these two trials and its end
+        conn.execute("UPDATE runs SET finished=NULL, best_config=NULL")
+        conn.execute("DELETE FROM trials WHERE idx IN (2, 4)")
+    compiled: list[int] = []
+    real = ray_cluster.compile_on_ray
+
+    def spy(tasks, n_jobs):
+        compiled.extend(t[3] for t in tasks)
+        return real(tasks, n_jobs)
+
+    monkeypatch.setattr(ray_cluster, "compile_on_ray", spy)
+    result = tuner(backend="ray", devices=[1, 0], db_path=str(db), run_timeout=60).run(1, 3)
+    assert sorted(compiled) == [2, 4]  # the crashing config 0 and the others were not run again
+    assert result.config == WINNER and not result.from_cache
+    assert [t.status for t in result.trials] == ["runtime_error"] + ["ok"] * 4
+
+
+@needs_ray
+def test_devices_on_ray_are_actors_counted_from_the_cluster(local_ray, monkeypatch):
+    assert [d.label for d in ray_cluster.resolve_ray_devices(None, "c", None, False)] == ["ray:0"]
+    assert [d.label for d in ray_cluster.resolve_ray_devices("all", "c", None, False)] == ["ray:0", "ray:1"]
+    assert [d.label for d in ray_cluster.resolve_ray_devices([2, 0], "c", None, False)] == ["ray:2", "ray:0"]
+    with pytest.raises(ValueError, match="has no GPUs"):
+        ray_cluster.resolve_ray_devices(None, "cuda", "NVIDIA H200", False)
+    monkeypatch.setattr(local_ray, "cluster_resources", lambda: {"CPU": 64.0, "GPU": 2.0})  # two GPU nodes' worth
+    gpus = ray_cluster.resolve_ray_devices(None, "cuda", "NVIDIA H200", False)
+    assert [(d.label, d.name) for d in gpus] == [("ray:0", "NVIDIA H200"), ("ray:1", "NVIDIA H200")]
+    assert ray_cluster.resolve_ray_devices([1], "cuda", "NVIDIA H200", True)[0].name == ray_cluster.ANY_MODEL
+    with pytest.raises(ValueError, match=r"has 2 GPU\(s\), so 3 measuring actors.*at most 2"):
+        ray_cluster.resolve_ray_devices([0, 1, 2], "cuda", "NVIDIA H200", False)
+
+
+@needs_ray
+def test_connect_uses_the_running_instance_else_ray_address_else_starts_one(monkeypatch):
+    import ray
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: bool(calls))
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray_cluster.connect()
+    ray_cluster.connect()  # now initialised: no second start
+    assert calls == [{"include_dashboard": False, "log_to_driver": False}]
+    calls.clear()
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    ray_cluster.connect()
+    assert calls == [{"address": "10.0.0.7:6379"}]
+
+
+def test_ray_measures_in_actors_so_isolate_false_is_refused():
+    with pytest.raises(ValueError, match="backend='ray' measures in Ray actors.*isolate=True"):
+        tuner(backend="ray", isolate=False)
+
