@@ -189,7 +189,8 @@ def speed(args: argparse.Namespace, report: dict[str, Any], arch: Any) -> None:
         if row.get("ws_ms") and row.get("pipelined_ms"):
             log(f"    ws / pipelined: {row['pipelined_ms'] / row['ws_ms']:.3f}x")
         for p in row["calibration"]:
-            log(f"    gain {p['ws']}: measured {p['measured_gain'] or 0:.3f}, predicted {p['predicted_gain'] or 0:.3f}")
+            g = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+            log(f"    gain {p['ws']}: measured {g(p['measured_gain'])}, predicted {g(p['predicted_gain'])}")
 
 
 def render(report: dict[str, Any]) -> str:
