@@ -158,9 +158,10 @@ def test_candidates_add_legal_ws_variants_only_on_hopper_with_tma():
 def test_ws_variants_follow_the_model():
     p = MatmulProblem(4096, 4096, 4096)
     hint = mm.MatmulConfig(**{k: v for k, v in WS.items() if k != "variant"})
-    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(hint, variant="ws", warp_policy="full_row"),
-                                                 dataclasses.replace(hint, variant="ws", warp_policy="full_row",
-                                                                     persistent=132)]
+    ws = dataclasses.replace(hint, variant="ws", warp_policy="full_row")
+    # best predicted first: the persistent form (epilogue overlapped), then the plain one
+    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(ws, persistent=132), ws]
+    assert predict_ws_us(p, H100, dict(ws.kernel_kwargs(), persistent=132)) < predict_ws_us(p, H100, ws.kernel_kwargs())
     never = WSConstants(min_gain=10.0)
     assert ws_variants_for(p, [hint], H100, ws=never) == []
     # 4 stages and the C tile do not fit: the variant keeps 3 (whether it is proposed is the model's call)

@@ -18,7 +18,7 @@ from typing import Any
 from carver.arch import GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
 from carver.validity import check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
-from carver.ws_model import WS_CONSTANTS, WSConstants, ws_gain
+from carver.ws_model import WS_CONSTANTS, WSConstants, predict_ws_us, ws_gain
 
 from .config import (
     AUTO_WS,
@@ -249,7 +249,8 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     those, the cluster (multicast of the larger operand tile) and persistent forms where they are
     predicted ``min_gain`` faster again. Each keeps its base's tile; stages are cut until C's staging tile
     fits beside the ring (not below 2); blocks wider than tall with two consumer warpgroups take
-    ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured best for 128x256). Configs
+    ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured best for 128x256). Ordered by
+    the term's predicted latency, best first. Configs
     whose tiles fill less than one wave of SMs get none: there split-K is the lever
     (:func:`split_k_variants`), and a faster loop on a grid that leaves SMs idle is not worth a trial.
     The ws constants are uncalibrated (``carver/ws_model.py``): these are proposals for the autotuner.
@@ -287,7 +288,8 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
             if legal(c) and ws_gain(problem, arch, base, c.kernel_kwargs(), ws=w) >= gain * (1 + w.min_gain):
                 wanted.append(c)
         out += [c for c in wanted if c not in out and c not in configs]
-    return out
+    # best predicted first (the ws term's latency; stable, so ties keep their base's rank)
+    return sorted(out, key=lambda c: predict_ws_us(problem, arch, c.kernel_kwargs(), ws=w))
 
 
 def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
