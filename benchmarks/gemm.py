@@ -632,6 +632,8 @@ def _cfg_label(cfg: dict[str, Any] | None) -> str:
         s += f" {cfg['warp_policy']}"
     if cfg.get("persistent"):
         s += f" persistent{cfg['persistent']}"
+    if cfg.get("variant", "pipelined") != "pipelined":
+        s += f" {cfg['variant']}" + (f" cluster{cfg['cluster']}" if cfg.get("cluster", "1x1") != "1x1" else "")
     return s
 
 

@@ -20,6 +20,9 @@ The rules come in three tiers, each written once:
   register file holds, more bytes than any GPU has). ``templates.matmul.kernel`` checks these with no arch.
 * :data:`RULES`: what this GPU refuses (its tensor dtypes, threads with the TMA producer, TileLang's warp
   partition, shared memory, registers, device memory).
+
+The kernel-only keys (``warp_policy``, ``persistent``, ``variant``, ``cluster``) have their rules in
+:func:`kernel_key_problems` (with the problem, no GPU) and :func:`kernel_key_arch_problems` (on a GPU).
 """
 
 from __future__ import annotations
@@ -44,8 +47,15 @@ __all__ = [
     "Rule",
     "RULES",
     "WARP_POLICIES",
+    "CLUSTERS",
+    "VARIANTS",
+    "WS_PRODUCER_THREADS",
     "check_matmul_config",
+    "cluster_shape",
     "explain_no_legal_config",
+    "kernel_key_arch_problems",
+    "kernel_key_problems",
+    "ws_smem_bytes",
     "legal_mask",
     "normalize_config",
     "require_matmul_config",
@@ -59,9 +69,20 @@ CONFIG_KEYS: tuple[str, ...] = (
 #: Keys the matmul kernel (templates.matmul.kernel) also takes, with their defaults.
 OPTIONAL_KEYS: dict[str, int] = {"panel_size": 10, "split_k": 1}
 #: Keys only the kernel takes (the carver ranks the grid's program without them), with their defaults.
-KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0}
+KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "variant": "pipelined", "cluster": "1x1"}
 #: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
 WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
+#: ``variant`` values: TileLang's ``T.Pipelined`` main loop, or the hand-scheduled warp-specialised one
+#: (``templates/matmul/ws_program.py``: TMA producer, consumers keeping one wgmma batch in flight).
+VARIANTS: tuple[str, ...] = ("pipelined", "ws")
+#: ``cluster`` values, CTAs along M x along N (CUTLASS's order): "1x2" pairs two N tiles that share their
+#: A tile, which one TMA multicast loads into both; "2x1" pairs two M tiles sharing B. Only ``variant="ws"``.
+CLUSTERS: tuple[str, ...] = ("1x1", "2x1", "1x2")
+#: The ws variant's producer warpgroup, launched on top of the ``thread_num`` consumer threads.
+WS_PRODUCER_THREADS = 128
+#: The most consumer threads the ws variant takes (two warpgroups: setmaxnreg re-splits 64K registers
+#: as 40 for the producer and 232 for each consumer; a third warpgroup would leave 160).
+WS_MAX_CONSUMER_THREADS = 256
 
 #: CUDA's limits, the same on every GPU the carver knows.
 WARP_SIZE = 32
@@ -378,6 +399,14 @@ def explain_no_legal_config(problem: MatmulProblem, arch: GPUArch, lw: Lowering)
     return f"no legal config for {problem.describe()} on {arch.name}: " + "; ".join(dict.fromkeys(reasons))
 
 
+#: The kernel keys that take one of a few names: the names, and what the default means.
+_STRING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
+    "warp_policy": (WARP_POLICIES, "'square' is TileLang's default"),
+    "variant": (VARIANTS, "'pipelined' is TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop"),
+    "cluster": (CLUSTERS, "CTAs along M x along N; '1x1' launches no clusters"),
+}
+
+
 def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, list[tuple[type, str]]]:
     """Each key on its own: ``(config with defaults, [])`` or ``(None, [(exception type, message), ...])``."""
     if not isinstance(config, Mapping):
@@ -406,10 +435,10 @@ def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, l
                                             f"{type(value).__name__}; use True or False"))
             else:
                 out[key] = bool(value)
-        elif key == "warp_policy":
-            if not isinstance(value, str) or value not in WARP_POLICIES:
-                problems.append((ValueError, f"warp_policy must be one of {list(WARP_POLICIES)}, got {value!r}; "
-                                             f"'square' is TileLang's default"))
+        elif key in _STRING_KEYS:
+            allowed, hint = _STRING_KEYS[key]
+            if not isinstance(value, str) or value not in allowed:
+                problems.append((ValueError, f"{key} must be one of {list(allowed)}, got {value!r}; {hint}"))
             out[key] = value
         else:
             spec = _INT_KEYS[key]
@@ -424,13 +453,52 @@ def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, l
 def normalize_config(config: Mapping[str, Any], *, kernel_keys: bool = False
                      ) -> tuple[dict[str, Any] | None, list[str]]:
     """Check a config's keys and each value on its own: ``(config with defaults, [])`` or
-    ``(None, [problems])``. ``kernel_keys`` also admits ``warp_policy`` and ``persistent``."""
+    ``(None, [problems])``. ``kernel_keys`` also admits the kernel-only keys (:data:`KERNEL_KEYS`)."""
     cfg, problems = _normalize(config, kernel_keys)
     return cfg, [m for _, m in problems]
 
 
-def _kernel_key_problems(cfg: Mapping[str, Any]) -> list[str]:
-    """Rules between the kernel-only keys and the others."""
+def cluster_shape(cluster: str) -> tuple[int, int]:
+    """``"1x2"`` as ``(1, 2)``: CTAs of a cluster along M and along N."""
+    cm, cn = cluster.split("x")
+    return int(cm), int(cn)
+
+
+def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[str]:
+    """What the hand-scheduled warp-specialised loop (``variant="ws"``) cannot do, on any GPU."""
+    out = []
+    t, bm, stages = cfg["thread_num"], cfg["block_M"], cfg["num_stages"]
+    if t % 128 or not 128 <= t <= WS_MAX_CONSUMER_THREADS:
+        out.append(f"variant='ws' runs one or two consumer warpgroups (thread_num=128 or 256; the 128-thread "
+                   f"producer is launched on top), got thread_num={t}; use thread_num=256")
+    if bm % 64:
+        out.append(f"variant='ws' issues wgmma, whose M is 64 rows per warpgroup: block_M must be a multiple of 64, "
+                   f"got {bm}; use block_M=128")
+    if stages < 2:
+        out.append(f"variant='ws' keeps one wgmma batch in flight, which holds a stage while the next one computes: "
+                   f"num_stages must be >= 2 (1 would deadlock), got {stages}; use num_stages=3 or 4")
+    if cfg["split_k"] != 1:
+        out.append(f"variant='ws' does not split K, got split_k={cfg['split_k']}; use split_k=1 or "
+                   f"variant='pipelined'")
+    cm, cn = cluster_shape(cfg["cluster"])
+    if cm * cn > 1 and cfg["persistent"]:
+        out.append(f"cluster={cfg['cluster']!r} and persistent={cfg['persistent']} do not combine (the persistent "
+                   f"loop hands out single tiles); use cluster='1x1' or persistent=0")
+    if cm * cn > 1 and cfg["enable_rasterization"] and cfg["panel_size"] % (cm * cn):
+        out.append(f"cluster={cfg['cluster']!r} rasterizes whole clusters (TileLang's rasterization2DRowWithCluster): "
+                   f"panel_size must be a multiple of {cm * cn}, got {cfg['panel_size']}; use panel_size=10")
+    if problem is not None and not problem.tma_aligned:
+        a = (problem.M if problem.trans_A else problem.K) * problem.in_bytes
+        b = (problem.K if problem.trans_B else problem.N) * problem.in_bytes
+        out.append(f"variant='ws' loads A and B with TMA (T.tma_copy), which needs row strides that are multiples of "
+                   f"16 bytes; {problem.describe()} has A rows of {a} bytes and B rows of {b} bytes; use "
+                   f"variant='pipelined' (it falls back to cp.async) or pad the operands")
+    return out
+
+
+def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[str]:
+    """Rules between the kernel-only keys and the others (and the problem, when given), on any GPU.
+    ``cfg`` is normalised, with every key (:func:`normalize_config`)."""
     out = []
     persistent, split_k = cfg["persistent"], cfg["split_k"]
     if persistent and split_k != 1:
@@ -441,7 +509,40 @@ def _kernel_key_problems(cfg: Mapping[str, Any]) -> list[str]:
         what = f"{warps // 4} warpgroups" if warps % 4 == 0 else f"{warps} warps"
         out.append(f"warp_policy='full_row' stacks the {what} along M (each warp takes whole rows), so block_M "
                    f"must be a multiple of {16 * warps}, got {cfg['block_M']}; use warp_policy='square'")
+    if cfg["variant"] == "ws":
+        out += _ws_problems(problem, cfg)
+    elif cfg["cluster"] != "1x1":
+        out.append(f"cluster={cfg['cluster']!r} needs variant='ws' (TileLang's T.Pipelined loop issues no multicast "
+                   f"loads); use variant='ws' or cluster='1x1'")
     return out
+
+
+def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any]) -> int:
+    """Shared memory of the ws variant: the ring of A/B stages, C's staging tile beside it (the epilogue
+    runs inside the consumer branch, where TileLang cannot alias it onto the ring), and the barriers."""
+    stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
+    c_tile = cfg["block_M"] * cfg["block_N"] * problem.out_bytes
+    return _ceil_div(cfg["num_stages"] * stage, 1024) * 1024 + _ceil_div(c_tile, 1024) * 1024 + 1024
+
+
+def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping[str, Any]) -> list[str]:
+    """The kernel-only keys' rules on one GPU (``cfg`` normalised, with every key): the ws variant needs
+    Hopper's wgmma, TMA and setmaxnreg, and its ring plus C tile must fit the GPU's shared memory."""
+    if cfg["variant"] != "ws":
+        return []
+    if not (arch.has_wgmma and arch.has_tma):
+        return [f"variant='ws' needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg"
+                f"{', clusters' if cfg['cluster'] != '1x1' else ''}); {arch.name} is sm_"
+                f"{arch.compute_capability[0]}{arch.compute_capability[1]}; use variant='pipelined'"]
+    need = ws_smem_bytes(problem, cfg)
+    if need > arch.smem_per_block:
+        stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
+        fit = (arch.smem_per_block - (need - _ceil_div(cfg["num_stages"] * stage, 1024) * 1024)) // stage
+        fix = f"use num_stages <= {fit}" if fit >= 2 else "use a smaller block_K or tile"
+        return [f"variant='ws' {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
+                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile sits beside the ring of "
+                f"stages), over {arch.name}'s {arch.smem_per_block} per block; {fix}"]
+    return []
 
 
 def _violations(problem: MatmulProblem | None, config: Any, arch: GPUArch | None, kernel_keys: bool,
@@ -453,10 +554,12 @@ def _violations(problem: MatmulProblem | None, config: Any, arch: GPUArch | None
     msgs = [r.message(problem, arrays, 0) for r in _config_rules(arch is not None or not arch_stand_ins)
             if bool(r.broken(problem, arrays)[0])]
     if kernel_keys:
-        msgs += _kernel_key_problems(cfg)
+        msgs += kernel_key_problems(problem, cfg)
     if not msgs and arch is not None:  # lower only what is in range: the model assumes it
         lw = lower(problem, arch, arrays)
         msgs = [r.message(problem, arch, lw, 0) for r in RULES if bool(r.broken(problem, arch, lw)[0])]
+        if kernel_keys:
+            msgs += kernel_key_arch_problems(problem, arch, cfg)
     return cfg, [(ValueError, m) for m in msgs]
 
 
@@ -469,7 +572,7 @@ def check_matmul_config(problem: MatmulProblem, config: Mapping[str, Any], arch:
     ``resource_error`` trial. Without ``arch`` only the rules no GPU escapes are checked (what
     ``templates.matmul.kernel`` needs), with bounds of any GPU standing in for the GPU's shared memory,
     registers and device memory unless ``arch_stand_ins`` is False (the caller asks a GPU's template for
-    those next). ``kernel_keys`` admits and checks ``warp_policy`` and ``persistent``.
+    those next). ``kernel_keys`` admits and checks the kernel-only keys (:data:`KERNEL_KEYS`).
     """
     return [m for _, m in _violations(problem, config, arch, kernel_keys, arch_stand_ins)[1]]
 

@@ -1,8 +1,9 @@
-"""templates.matmul on a real GPU: every layout and dtype, odd shapes, split-K and fp8 against torch;
+"""templates.matmul on a real GPU: every layout and dtype, odd shapes, split-K, fp8 and the hand-scheduled
+Hopper loop (``variant="ws"``: clusters, persistent) against torch;
 the carver's top-1 without tuning; ``tune`` end to end, and its warm call from a new process.
 
 Run on the GPU machine: ``python3 -m pytest -m gpu tests/test_matmul_gpu.py``. The kernels of the
-correctness matrix are compiled once, in parallel threads, by a module fixture (about 20 compiles).
+correctness matrix are compiled once, in parallel threads, by a module fixture (about 40 compiles).
 """
 
 from __future__ import annotations
@@ -49,6 +50,26 @@ CASES["TT-bf16-odd-persistent"] = (1000, 1000, 4097, MID, dict(persistent=13, tr
 CASES["NN-fp16-full_row"] = (1024, 2048, 512, WIDE, dict(warp_policy="full_row", trans_B=False))
 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["NT-fp8"] = (2048, 2048, 1024, MID, dict(in_dtype="float8_e4m3", out_dtype="float16"))
+    # The hand-scheduled loop (variant="ws", Hopper only). TMA needs 16-byte row strides for A and B, so
+    # the odd shape cuts every tile (M, N, K) while keeping M, N, K multiples of 8; C may be unaligned.
+    WS = dict(WIDE, variant="ws")
+    for _layout in LAYOUTS:
+        for _dtype in DTYPES:
+            CASES[f"ws-{_layout}-{_dtype}-odd"] = (1000, 2000, 1000, WS, dict(
+                trans_A=LAYOUTS[_layout][0], trans_B=LAYOUTS[_layout][1], in_dtype=_dtype, out_dtype=_dtype))
+    CASES["ws-NT-fp16-C-unaligned"] = (4001, 4097, 1000, dict(WS, warp_policy="full_row"), {})
+    CASES["ws-NT-fp16-cluster1x2-padded"] = (1000, 2800, 1000, dict(WS, cluster="1x2"), {})  # 11 N tiles
+    CASES["ws-TN-bf16-cluster2x1-padded"] = (600, 2800, 1000, dict(WS, cluster="2x1"), dict(
+        trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))  # 5 M tiles
+    CASES["ws-NT-bf16-persistent-C-unaligned"] = (4001, 4097, 1000, dict(WS, persistent=7), dict(
+        in_dtype="bfloat16", out_dtype="bfloat16"))
+    CASES["ws-TT-fp16-persistent"] = (1000, 2000, 4000, dict(WS, persistent=13, warp_policy="full_row"),
+                                      dict(trans_A=True))
+    CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
+                                                                        variant="ws"),
+                                                   dict(trans_B=False, out_dtype="float32"))
+    CASES["ws-NT-fp8"] = (2048, 2048, 1024, dict(WS, block_K=128), dict(in_dtype="float8_e4m3",
+                                                                        out_dtype="float16"))
 
 
 def make_inputs(M, N, K, in_dtype="float16", trans_A=False, trans_B=True, seed=0):

@@ -319,7 +319,8 @@ def test_kernel_keys_are_checked_by_the_same_table(config, exc, fragment):
 def test_require_returns_plain_ints_and_defaults():
     got = require_matmul_config(MatmulProblem(4096, 4096, 4096),
                                 {**cfg(bm=np.int64(128), t=np.int32(256), r=np.bool_(True))}, kernel_keys=True)
-    assert got == {**cfg(), "panel_size": 10, "split_k": 1, "warp_policy": "square", "persistent": 0}
+    assert got == {**cfg(), "panel_size": 10, "split_k": 1, "warp_policy": "square", "persistent": 0,
+                   "variant": "pipelined", "cluster": "1x1"}
     assert all(type(v) in (int, bool, str) for v in got.values())
 
 

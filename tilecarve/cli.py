@@ -307,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                              f"{known}")
         if name == "matmul":
             f.add_argument("--no-split-k", action="store_true", help="no split-K variants for few-wave shapes")
-            f.add_argument("--no-variants", action="store_true", help="no Hopper variants (full_row, persistent)")
+            f.add_argument("--no-variants", action="store_true", help="no Hopper variants (full_row, persistent, ws)")
         f.set_defaults(no_split_k=False, no_variants=False, func=cmd_tune, prog=f.prog)
         f.add_argument("--warmup", type=count, default=3, help="calls before timing (default 3)")
         f.add_argument("--rep", type=count, default=20, help="timed calls per candidate (default 20)")

@@ -51,7 +51,7 @@ __all__ = [
 TUNABLE_KEYS: tuple[str, ...] = MATMUL_CONFIG_KEYS
 #: What this template adds to the six, with the value that leaves the grid's program unchanged.
 EXTRA_DEFAULTS: dict[str, Any] = {**CARVER_OPTIONAL_KEYS, **KERNEL_KEYS}
-#: Everything a config may set: the six above plus the four this template adds.
+#: Everything a config may set: the six above plus what this template adds.
 CONFIG_KEYS: tuple[str, ...] = TUNABLE_KEYS + tuple(EXTRA_DEFAULTS)
 #: A config may carry TileLang pass configs of its own (the autotuner hands them to the compiler).
 PASS_CONFIGS_KEY = TemplateConfig.PASS_CONFIGS_KEY
@@ -151,6 +151,8 @@ class MatmulConfig(TemplateConfig):
     split_k: int = CARVER_OPTIONAL_KEYS["split_k"]  # K split over this many CTAs per tile, summed by a 2nd kernel
     warp_policy: str = KERNEL_KEYS["warp_policy"]  # "square", "full_row" or "full_col"
     persistent: int = KERNEL_KEYS["persistent"]  # n resident CTAs walking the tiles; 0: one CTA per tile
+    variant: str = KERNEL_KEYS["variant"]  # "pipelined" (T.Pipelined) or "ws" (hand-scheduled, ws_program.py)
+    cluster: str = KERNEL_KEYS["cluster"]  # ws only: "1x1", "2x1" (multicast B) or "1x2" (multicast A)
 
     @classmethod
     def normalize(cls, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -163,8 +165,8 @@ class MatmulConfig(TemplateConfig):
         return super().from_dict(config)  # type: ignore[return-value]
 
     def carver_dict(self) -> dict[str, Any]:
-        """The keys the carver models (it judges the grid's program: warp_policy and persistent change
-        neither its tile nor its registers)."""
+        """The keys the carver models (it judges the grid's program: warp_policy, persistent, variant and
+        cluster change neither its tile nor its registers; the kernel-key rules judge the rest)."""
         return {k: getattr(self, k) for k in CARVER_KEYS}
 
 
@@ -213,10 +215,10 @@ def checked_configs(problem: MatmulProblem, configs: Iterable[Mapping[str, Any]]
 def check_config(
     K: int, in_dtype: str, block_M: object, block_N: object, block_K: object, num_stages: object,
     thread_num: object, enable_rasterization: object, panel_size: object, split_k: object,
-    warp_policy: object = "square", persistent: object = 0,
+    warp_policy: object = "square", persistent: object = 0, variant: object = "pipelined", cluster: object = "1x1",
 ) -> None:
     """The carver's config rules that need only K and the dtype (M = N = 1 stands in for the rest)."""
     config = dict(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages, thread_num=thread_num,
                   enable_rasterization=enable_rasterization, panel_size=panel_size, split_k=split_k,
-                  warp_policy=warp_policy, persistent=persistent)
+                  warp_policy=warp_policy, persistent=persistent, variant=variant, cluster=cluster)
     require_matmul_config(MatmulProblem(1, 1, K, in_dtype), config, kernel_keys=True)

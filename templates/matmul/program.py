@@ -19,6 +19,8 @@ Two more knobs express what TileLang's grid cannot (``templates.matmul.space.hop
 them on Hopper): ``warp_policy="full_row"`` gives each warpgroup whole rows of the block (one m64n256
 wgmma rather than two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk the
 tiles, so the producer warpgroup loads the next tile while the consumers store this one.
+
+``variant="ws"`` is a different program, with its main loop scheduled by hand (``ws_program.py``).
 """
 
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations (shapes
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING
 from carver.validity import require_matmul_config
 
 from .config import CONFIG_KEYS, MatmulConfig, MatmulProblem, k_per_split, make_problem
+from .ws_program import ws_program
 
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     from tvm.tirx import PrimFunc, Var
@@ -54,12 +57,14 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
     # The carver's rules no GPU escapes, for this problem, before any TIR is built (the config's own
     # values were checked when it was made, the problem's when it was).
     require_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
+    if config.variant == "ws":
+        return ws_program(problem, config, M_var)
     M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
     if M_var is not None:
         M = M_var
     in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
     block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
-        persistent = (getattr(config, k) for k in CONFIG_KEYS)
+        persistent, _, _ = (getattr(config, k) for k in CONFIG_KEYS)
     policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
               "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
     A_shape = (K, M) if trans_A else (M, K)
@@ -191,6 +196,8 @@ def kernel(
     split_k: int = 1,
     warp_policy: str = "square",
     persistent: int = 0,
+    variant: str = "pipelined",
+    cluster: str = "1x1",
 ) -> "PrimFunc":
     """:func:`program` with loose arguments: the kernel function with reserved parameters, as TileLang's
     examples write it (``functools.partial(kernel, M, N, K)`` is a kernel for TileLang's AutoTuner).
@@ -198,5 +205,6 @@ def kernel(
     problem = make_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
     config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
                           thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
-                          split_k=split_k, warp_policy=warp_policy, persistent=persistent)
+                          split_k=split_k, warp_policy=warp_policy, persistent=persistent, variant=variant,
+                          cluster=cluster)
     return program(problem, config)

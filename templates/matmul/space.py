@@ -13,10 +13,12 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from carver.arch import GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
-from carver.validity import check_matmul_config, split_k_limit
+from carver.validity import check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
+from carver.ws_model import WS_CONSTANTS, WSConstants, predict_ws_us, ws_gain
 
 from .config import (
     AUTO_WS,
@@ -34,9 +36,6 @@ from .config import (
     separate_c_smem_bytes,
 )
 
-if TYPE_CHECKING:
-    from carver.arch import GPUArch
-
 __all__ = [
     "GRID",
     "candidates",
@@ -50,6 +49,7 @@ __all__ = [
     "split_k_candidates",
     "split_k_variants",
     "validate",
+    "ws_variants_for",
 ]
 
 #: TileLang's GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
@@ -115,7 +115,8 @@ def _carver_for(problem: MatmulProblem, arch: Any) -> Any:
 
 def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> list[str]:
     """Why ``config`` cannot run (empty: legal): the carver's rules no GPU escapes, with the kernel's own
-    keys, then the carver template's rules for its GPU, then the separate C tile's shared memory.
+    keys, then the carver template's rules for its GPU and the kernel keys' rules there (the ws variant), then
+    the separate C tile's shared memory.
 
     The carver's validity is the one validity function (STYLE.md 4); this returns problems instead of
     raising, so the autotuner can drop a candidate before it reaches nvcc and say why. The carver models
@@ -136,7 +137,10 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
         return problems
     full = {**EXTRA_DEFAULTS, **cfg}
     problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS}))
-    separate_c = "persistent" if full["persistent"] else (
+    arch = getattr(tmpl, "arch", None)
+    if isinstance(arch, GPUArch):  # the ws variant's own rules on this GPU (its C tile, Hopper only)
+        problems += kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY})
+    separate_c = "" if full["variant"] == "ws" else "persistent" if full["persistent"] else (
         "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
     if separate_c:
         need = separate_c_smem_bytes(full, problem.in_dtype, problem.out_dtype)
@@ -238,11 +242,63 @@ def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
     return out
 
 
+def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arch: GPUArch, top: int = 3,
+                    ws: WSConstants | None = None) -> list[MatmulConfig]:
+    """The hand-scheduled Hopper loop (``variant="ws"``) of the top ``top`` configs, where the carver's ws
+    term (:func:`carver.ws_model.ws_gain`) predicts it ``min_gain`` faster than the config itself; and of
+    those, the cluster (multicast of the larger operand tile) and persistent forms where they are
+    predicted ``min_gain`` faster again. Each keeps its base's tile; stages are cut until C's staging tile
+    fits beside the ring (not below 2); blocks wider than tall with two consumer warpgroups take
+    ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured best for 128x256). Ordered by
+    the term's predicted latency, best first. Configs
+    whose tiles fill less than one wave of SMs get none: there split-K is the lever
+    (:func:`split_k_variants`), and a faster loop on a grid that leaves SMs idle is not worth a trial.
+    The ws constants are uncalibrated (``carver/ws_model.py``): these are proposals for the autotuner.
+    """
+    w = ws or WS_CONSTANTS.get(arch.family)
+    if w is None or not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned:
+        return []
+
+    def legal(c: MatmulConfig) -> bool:
+        return not check(problem, c, arch)
+
+    out: list[MatmulConfig] = []
+    for cfg in configs[:top]:
+        if (cfg.split_k, cfg.persistent, cfg.variant) != (1, 0, "pipelined") or _tiles(problem, cfg) < arch.sm_count:
+            continue
+        groups = cfg.thread_num // 128 if cfg.thread_num % 128 == 0 else 0
+        policy = "full_row" if groups == 2 and cfg.block_N > cfg.block_M and cfg.block_M % 128 == 0 \
+            else cfg.warp_policy
+        plain = dataclasses.replace(cfg, variant="ws", num_stages=max(2, cfg.num_stages), warp_policy=policy)
+        while plain.num_stages > 2 and ws_smem_bytes(problem, plain.kernel_kwargs()) > arch.smem_per_block:
+            plain = dataclasses.replace(plain, num_stages=plain.num_stages - 1)
+        if not legal(plain):
+            continue
+        base = cfg.kernel_kwargs()
+        gain = ws_gain(problem, arch, base, plain.kernel_kwargs(), ws=w)
+        if gain < 1 + w.min_gain:
+            continue
+        wanted = [plain]
+        m_tiles, n_tiles = math.ceil(problem.M / cfg.block_M), math.ceil(problem.N / cfg.block_N)
+        cluster = "1x2" if cfg.block_M >= cfg.block_N and n_tiles >= 2 else "2x1" if m_tiles >= 2 else None
+        more = [dataclasses.replace(plain, cluster=cluster)] if cluster else []
+        if m_tiles * n_tiles > arch.sm_count:
+            more.append(dataclasses.replace(plain, persistent=arch.sm_count))
+        for c in more:
+            if legal(c) and ws_gain(problem, arch, base, c.kernel_kwargs(), ws=w) >= gain * (1 + w.min_gain):
+                wanted.append(c)
+        out += [c for c in wanted if c not in out and c not in configs]
+    # best predicted first (the ws term's latency; stable, so ties keep their base's rank)
+    return sorted(out, key=lambda c: predict_ws_us(problem, arch, c.kernel_kwargs(), ws=w))
+
+
 def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
                split_k: bool = True) -> list[MatmulConfig]:
     """The carver's top ``topk`` hints for ``arch``, best first, then (with ``split_k``) split-K variants
     of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
-    the Hopper variants of the top three. The first config is always the carver's top-1."""
+    the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
+    carver's ws term predicts it pays, the hand-scheduled loop). The first config is always the carver's
+    top-1."""
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     hints = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), topk)]
@@ -251,6 +307,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
         out += split_k_variants(problem, hints, arch.sm_count)
     if variants and arch.has_wgmma:
         out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
+        out += [c for c in ws_variants_for(problem, hints, arch) if c not in out]
     return out
 
 

@@ -1,0 +1,170 @@
+"""The hand-scheduled Hopper loop (``variant="ws"``, templates/matmul/ws_program.py) without compiling: its
+rules in the carver's table, the program's structure in TIR, its config keys, and when the carver's ws
+term proposes it. Compiled for sm_90a: tests/test_matmul_ws_nvcc.py; on a GPU: test_matmul_ws_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from carver.arch import CUDA
+from carver.problem import MatmulProblem
+from carver.validity import kernel_key_arch_problems, normalize_config, ws_smem_bytes
+from carver.ws_model import WSConstants, predict_ws_us, ws_gain
+from templates import matmul as mm
+from templates.matmul.space import ws_variants_for
+
+WS = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True,
+          variant="ws")
+H100, A100 = CUDA("H100"), CUDA("A100-80GB")
+
+
+# --------------------------------------------------------------------------------------------------
+# the rules
+# --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(thread_num=384), r"one or two consumer warpgroups \(thread_num=128 or 256.*got thread_num=384"),
+    (dict(thread_num=160), "got thread_num=160"),
+    (dict(block_M=96, thread_num=128), "block_M must be a multiple of 64, got 96"),
+    (dict(num_stages=1), r"num_stages must be >= 2 \(1 would deadlock\), got 1"),
+    (dict(split_k=2), "variant='ws' does not split K, got split_k=2"),
+    (dict(cluster="1x2", persistent=132), "cluster='1x2' and persistent=132 do not combine"),
+    (dict(cluster="2x1", panel_size=5), "panel_size must be a multiple of 2, got 5"),
+    (dict(variant="pipelined", cluster="1x2"), "cluster='1x2' needs variant='ws'"),
+    (dict(variant="warp"), r"variant must be one of \['pipelined', 'ws'\], got 'warp'"),
+    (dict(cluster="2x2"), r"cluster must be one of \['1x1', '2x1', '1x2'\], got '2x2'"),
+    (dict(cluster=2), "cluster must be one of"),
+])
+def test_configs_the_ws_loop_cannot_run_are_refused_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mm.kernel(4096, 4096, 4096, **{**WS, **kwargs})
+
+
+@pytest.mark.parametrize("shape,layout,what", [
+    ((4096, 4096, 4097), dict(), "A rows of 8194 bytes"),               # K odd: A (M, K) misaligned
+    ((4097, 4096, 4096), dict(trans_A=True), "A rows of 8194 bytes"),   # A (K, M), M odd
+    ((4096, 4097, 4096), dict(trans_B=False), "B rows of 8194 bytes"),  # B (K, N), N odd
+])
+def test_ws_needs_tma_aligned_operands(shape, layout, what):
+    with pytest.raises(ValueError, match=f"16 bytes.*{what}.*variant='pipelined'"):
+        mm.kernel(*shape, **WS, **layout)
+    # the same shape is fine with TileLang's loop (cp.async), and an odd C (N=4097, NT) is fine for ws
+    mm.kernel(*shape, **{**WS, "variant": "pipelined"}, **layout)
+    mm.kernel(4096, 4097, 4096, **WS)
+
+
+def test_ws_is_hopper_only_and_its_c_tile_counts_against_shared_memory():
+    p = MatmulProblem(4096, 4096, 4096)
+    cfg = normalize_config(WS, kernel_keys=True)[0]
+    assert kernel_key_arch_problems(p, H100, cfg) == []
+    (msg,) = kernel_key_arch_problems(p, A100, cfg)
+    assert "needs Hopper" in msg and "sm_80" in msg and "variant='pipelined'" in msg
+    # 4 stages of 128x256x64 (192 KB) + the 64 KB C tile: over 227 KB; 3 stages fit
+    four = dict(cfg, num_stages=4)
+    assert ws_smem_bytes(p, four) > H100.smem_per_block >= ws_smem_bytes(p, cfg)
+    (msg,) = kernel_key_arch_problems(p, H100, four)
+    assert "needs 263168 bytes" in msg and "use num_stages <= 3" in msg
+    # the template's check on a GPU sees the same rules; the grid program's pipelined twin has no C tile
+    assert mm.check(p, mm.MatmulConfig(**WS), H100) == []
+    assert any("263168" in m for m in mm.check(p, mm.MatmulConfig(**{**WS, "num_stages": 4}), H100))
+    assert mm.check(p, mm.MatmulConfig(**{**WS, "num_stages": 4, "variant": "pipelined"}), H100) == []
+    assert any("needs Hopper" in m for m in mm.check(p, mm.MatmulConfig(**WS), A100))
+
+
+def test_config_keys_default_to_the_grid_program_and_round_trip():
+    cfg = mm.MatmulConfig(**WS, cluster="1x2")
+    assert cfg.to_dict() == {**WS, "cluster": "1x2"}
+    assert mm.MatmulConfig.from_dict(cfg.to_dict()) == cfg
+    plain = mm.MatmulConfig(**{**WS, "variant": "pipelined"})
+    assert "variant" not in plain.to_dict() and "cluster" not in plain.to_dict()
+    assert set(mm.CONFIG_KEYS[-2:]) == {"variant", "cluster"}
+
+
+# --------------------------------------------------------------------------------------------------
+# the program, as TIR
+# --------------------------------------------------------------------------------------------------
+def test_program_is_a_producer_and_consumers_with_one_batch_in_flight():
+    text = mm.kernel(4000, 4000, 1000, **WS, warp_policy="full_row").script()
+    producer, consumer = text.split("T.set_max_nreg(40, 0)")[1].split("T.set_max_nreg(232, 1)")
+    assert "T.tma_copy" in producer and "T.ptx_arrive_barrier(full" in producer and "wgmma" not in producer
+    assert producer.count("T.mbarrier_wait_parity(empty") == 1
+    loop, epilogue = consumer.split("T.wait_wgmma(0)")
+    assert "T.mbarrier_wait_parity(full" in loop and "T.wgmma_gemm" in loop and "T.wait_wgmma(1)" in loop
+    assert loop.index("T.wgmma_gemm") < loop.index("T.wait_wgmma(1)") < loop.index("ptx_arrive_barrier(empty")
+    assert "T.tma_copy" not in consumer and "C_s" in epilogue
+    assert '"tl.launch_threads": [384, 1, 1]' in text and "cluster_dims" not in text
+    assert "empty: [8, 8, 8], full: [128, 128, 128]" in text  # one arrival per consumer warp
+
+
+@pytest.mark.parametrize("cluster,shared,grid", [("1x2", "A", 'for tn in T.thread_binding(12, thread="blockIdx.x")'),
+                                                 ("2x1", "B", 'for tm in T.thread_binding(6, thread="blockIdx.x")')])
+def test_clusters_multicast_the_shared_tile_and_pad_the_grid(cluster, shared, grid):
+    # 600 x 2800: 5 M tiles and 11 N tiles of 128x256: the paired axis is padded to an even count
+    text = mm.kernel(600, 2800, 1000, **WS, cluster=cluster).script()
+    assert '"cluster_dims": [2, 1, 1]' in text and grid in text
+    loads = [line for line in text.splitlines() if "T.tma_copy" in line]
+    assert [("cluster_mask=3" in line) for line in loads] == [shared == "A", shared == "B"]
+    assert 'scope="shared.cluster_barrier"' in text and "empty: [16, 16, 16]" in text  # 8 warps x 2 CTAs
+    assert "T.ptx_arrive_cluster_barrier" in text and text.rstrip().endswith("T.cluster_sync()")
+
+
+def test_persistent_ws_runs_one_ring_across_tiles_and_defers_the_store_wait():
+    text = mm.kernel(8192, 8192, 512, **WS, persistent=132).script()
+    assert 'T.thread_binding(132, thread="blockIdx.x")' in text and "cluster_dims" not in text
+    consumer = text.split("T.set_max_nreg(232, 1)")[1]
+    # the stage index runs on across tiles (w * k_tiles + ko) and the last stage of a tile is released
+    assert "it: T.int32 = w * 8 + ko" in text and consumer.count("ptx_arrive_barrier(empty") == 2
+    wait = "T.tma_store_wait(0, T.bool(True))"  # the previous tile's store has read C_s
+    assert consumer.index(wait) < consumer.index("C_s[0, 0]") < consumer.index("T.tma_copy(T.region(C_s")
+    assert consumer.rstrip().endswith(wait)
+
+
+# --------------------------------------------------------------------------------------------------
+# the carver's ws term and the candidates
+# --------------------------------------------------------------------------------------------------
+def test_ws_term_credits_the_hidden_drain_and_nothing_when_neutral():
+    p = MatmulProblem(8192, 8192, 8192)
+    base = normalize_config({k: v for k, v in WS.items() if k != "variant"}, kernel_keys=True)[0]
+    ws = dict(base, variant="ws")
+    assert ws_gain(p, H100, base, ws) > 1.0
+    neutral = WSConstants(drain_hidden=0.0, iter_overhead_factor=1.0, multicast_efficiency=0.0,
+                          cluster_sync_us=0.0, persistent_overlap=0.0)
+    assert ws_gain(p, H100, base, ws, ws=neutral) == pytest.approx(1.0)
+    assert ws_gain(p, H100, base, dict(ws, persistent=132), ws=neutral) == pytest.approx(1.0)
+    # one consumer warpgroup exposes the whole drain: hiding it gains more than with two
+    one = dict(base, thread_num=128, block_N=128)
+    assert ws_gain(p, H100, one, dict(one, variant="ws")) > ws_gain(p, H100, base, ws)
+    # a multicast with no cluster cost only saves L2 traffic: never slower than no cluster
+    free = dataclasses.replace(WSConstants(), cluster_sync_us=0.0)
+    assert predict_ws_us(p, H100, dict(ws, cluster="1x2"), ws=free) <= predict_ws_us(p, H100, ws, ws=free)
+
+
+def test_candidates_add_legal_ws_variants_only_on_hopper_with_tma():
+    p = MatmulProblem(4096, 4096, 4096)
+    configs = mm.candidates(p, H100, 4)
+    hints = [mm.MatmulConfig.from_dict(c) for c in mm.hint_configs(mm.carver_template(4096, 4096, 4096,
+                                                                                       arch=H100), 4)]
+    assert configs[:4] == hints  # the carver's own hints first, unchanged
+    ws = [c for c in configs if c.variant == "ws"]
+    assert ws and all(mm.check(p, c, H100) == [] for c in ws)
+    assert all(c.num_stages >= 2 and c.split_k == 1 for c in ws)
+    assert all(c.warp_policy == "full_row" for c in ws if c.block_N > c.block_M)
+    assert not any(c.variant == "ws" for c in mm.candidates(p, A100, 4))
+    assert not any(c.variant == "ws" for c in mm.candidates(MatmulProblem(4096, 4096, 4097), H100, 4))
+    assert not any(c.variant == "ws" for c in mm.candidates(p, H100, 4, variants=False))
+
+
+def test_ws_variants_follow_the_model():
+    p = MatmulProblem(4096, 4096, 4096)
+    hint = mm.MatmulConfig(**{k: v for k, v in WS.items() if k != "variant"})
+    ws = dataclasses.replace(hint, variant="ws", warp_policy="full_row")
+    # best predicted first: the persistent form (epilogue overlapped), then the plain one
+    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(ws, persistent=132), ws]
+    assert predict_ws_us(p, H100, dict(ws.kernel_kwargs(), persistent=132)) < predict_ws_us(p, H100, ws.kernel_kwargs())
+    never = WSConstants(min_gain=10.0)
+    assert ws_variants_for(p, [hint], H100, ws=never) == []
+    # 4 stages and the C tile do not fit: the variant keeps 3 (whether it is proposed is the model's call)
+    four, always = dataclasses.replace(hint, num_stages=4), WSConstants(min_gain=-1.0)
+    assert {c.num_stages for c in ws_variants_for(p, [four], H100, ws=always)} == {3}
+    assert {c.cluster for c in ws_variants_for(p, [four], H100, ws=always)} == {"1x1", "2x1"}  # B is the wider
