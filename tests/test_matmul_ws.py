@@ -5,13 +5,15 @@ term proposes it. Compiled for sm_90a: tests/test_matmul_ws_nvcc.py; on a GPU: t
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 
 from carver.arch import CUDA
+from carver.calibrate_ws import NOISE, load_pairs, predicted, sign_agreement
 from carver.problem import MatmulProblem
 from carver.validity import kernel_key_arch_problems, normalize_config, ws_smem_bytes
-from carver.ws_model import WSConstants, predict_ws_us, ws_gain
+from carver.ws_model import WS_CONSTANTS, WSConstants, predict_ws_us, ws_gain
 from templates import matmul as mm
 from templates.matmul.space import ws_variants_for
 
@@ -159,12 +161,54 @@ def test_ws_variants_follow_the_model():
     p = MatmulProblem(4096, 4096, 4096)
     hint = mm.MatmulConfig(**{k: v for k, v in WS.items() if k != "variant"})
     ws = dataclasses.replace(hint, variant="ws", warp_policy="full_row")
-    # best predicted first: the persistent form (epilogue overlapped), then the plain one
-    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(ws, persistent=132), ws]
+    # fitted (H200, used for the Hopper family): the plain form is predicted within the noise of its base
+    # (measured 0.97-1.08), the persistent one (epilogue overlapped) 4-5% faster: only it is proposed
+    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(ws, persistent=132)]
+    assert ws_gain(p, H100, hint.kernel_kwargs(), ws.kernel_kwargs()) < 1.03
     assert predict_ws_us(p, H100, dict(ws.kernel_kwargs(), persistent=132)) < predict_ws_us(p, H100, ws.kernel_kwargs())
     never = WSConstants(min_gain=10.0)
     assert ws_variants_for(p, [hint], H100, ws=never) == []
     # 4 stages and the C tile do not fit: the variant keeps 3 (whether it is proposed is the model's call)
-    four, always = dataclasses.replace(hint, num_stages=4), WSConstants(min_gain=-1.0)
+    four, always = dataclasses.replace(hint, num_stages=4), WSConstants(min_gain=-1.0, cluster_sync_us=0.0)
     assert {c.num_stages for c in ws_variants_for(p, [four], H100, ws=always)} == {3}
     assert {c.cluster for c in ws_variants_for(p, [four], H100, ws=always)} == {"1x1", "2x1"}  # B is the wider
+
+
+# --------------------------------------------------------------------------------------------------
+# the calibration on the committed H200 pairs (benchmarks/data/hopper-ws-2026-11-22-h200)
+# --------------------------------------------------------------------------------------------------
+WS_REPORT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "data", "hopper-ws-2026-11-22-h200",
+                         "hopper_ws.json")
+#: The two pairs outside the noise the fitted model puts on the wrong side of 1 (docs/hopper-ws.md).
+KNOWN_MISSES = {(4096, "128x256x64 s3 t256 r full_row ws"), (8192, "128x256x32 s6 t256 r full_row ws")}
+
+
+@pytest.fixture(scope="module")
+def measured_pairs():
+    return load_pairs(WS_REPORT)
+
+
+def test_fitted_ws_gains_agree_in_sign_with_the_measured_ones(measured_pairs):
+    arch, pairs = measured_pairs
+    w = WS_CONSTANTS["hopper"]
+    assert w.calibrated and arch.family == "hopper"
+    pred = predicted(pairs, arch, w)
+    wrong = {(p.problem.M, p.ws_label) for p, g in zip(pairs, pred)
+             if abs(p.measured_gain - 1) > NOISE and (g > 1) != (p.measured_gain > 1)}
+    assert wrong == KNOWN_MISSES
+    # the uncalibrated guesses predicted a gain everywhere: most of the losers were on the wrong side
+    assert sign_agreement(pairs, predicted(pairs, arch, WSConstants()))[0] < 15
+
+
+def test_forms_measured_to_lose_are_not_proposed(measured_pairs):
+    arch, pairs = measured_pairs
+    for problem in {p.problem for p in pairs}:
+        shape = [p for p in pairs if p.problem == problem]
+        bases = {mm.MatmulConfig.from_dict(dict(p.twin, persistent=0)) for p in shape}
+        proposed = {c for b in bases for c in ws_variants_for(problem, [b], arch)}
+        losers = {mm.MatmulConfig.from_dict(p.ws) for p in shape if p.measured_gain < 0.95}
+        assert not proposed & losers, problem.describe()
+        assert not any(c.block_M > 128 or c.cluster != "1x1" for c in proposed), problem.describe()
+        if problem.tma_aligned:  # the one-warpgroup 128x128 form gained 10-17% on every shape: still proposed
+            assert mm.MatmulConfig.from_dict(next(p.ws for p in shape if p.ws_label == "128x128x64 s6 t128 r ws")) \
+                in proposed

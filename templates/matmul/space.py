@@ -245,15 +245,16 @@ def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
 def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arch: GPUArch, top: int = 3,
                     ws: WSConstants | None = None) -> list[MatmulConfig]:
     """The hand-scheduled Hopper loop (``variant="ws"``) of the top ``top`` configs, where the carver's ws
-    term (:func:`carver.ws_model.ws_gain`) predicts it ``min_gain`` faster than the config itself; and of
-    those, the cluster (multicast of the larger operand tile) and persistent forms where they are
-    predicted ``min_gain`` faster again. Each keeps its base's tile; stages are cut until C's staging tile
-    fits beside the ring (not below 2); blocks wider than tall with two consumer warpgroups take
+    term (:func:`carver.ws_model.ws_gain`) predicts it ``min_gain`` faster than the config itself; and the
+    cluster (multicast of the larger operand tile) and persistent forms where each is predicted ``min_gain``
+    faster than the config and no slower than the plain ws form. Each keeps its base's tile; stages are cut
+    until C's staging tile fits beside the ring (not below 2); blocks wider than tall with two consumer warpgroups take
     ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured best for 128x256). Ordered by
     the term's predicted latency, best first. Configs
     whose tiles fill less than one wave of SMs get none: there split-K is the lever
     (:func:`split_k_variants`), and a faster loop on a grid that leaves SMs idle is not worth a trial.
-    The ws constants are uncalibrated (``carver/ws_model.py``): these are proposals for the autotuner.
+    The ws constants are fitted on 4 H200 shapes (``carver/ws_model.py``): these are proposals for the
+    autotuner, and on those shapes no 256-row tile and no cluster form is proposed (both measured slower).
     """
     w = ws or WS_CONSTANTS.get(arch.family)
     if w is None or not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned:
@@ -276,16 +277,14 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
             continue
         base = cfg.kernel_kwargs()
         gain = ws_gain(problem, arch, base, plain.kernel_kwargs(), ws=w)
-        if gain < 1 + w.min_gain:
-            continue
-        wanted = [plain]
+        wanted = [plain] if gain >= 1 + w.min_gain else []
         m_tiles, n_tiles = math.ceil(problem.M / cfg.block_M), math.ceil(problem.N / cfg.block_N)
         cluster = "1x2" if cfg.block_M >= cfg.block_N and n_tiles >= 2 else "2x1" if m_tiles >= 2 else None
         more = [dataclasses.replace(plain, cluster=cluster)] if cluster else []
         if m_tiles * n_tiles > arch.sm_count:
             more.append(dataclasses.replace(plain, persistent=arch.sm_count))
         for c in more:
-            if legal(c) and ws_gain(problem, arch, base, c.kernel_kwargs(), ws=w) >= gain * (1 + w.min_gain):
+            if legal(c) and ws_gain(problem, arch, base, c.kernel_kwargs(), ws=w) >= max(1 + w.min_gain, gain):
                 wanted.append(c)
         out += [c for c in wanted if c not in out and c not in configs]
     # best predicted first (the ws term's latency; stable, so ties keep their base's rank)
