@@ -112,7 +112,7 @@ def phase_serve(res: dict, args: argparse.Namespace, env: dict) -> None:
     for i in range(2):
         cmd = [sys.executable, str(ROOT / "examples" / "model" / "mlp.py"), "serve", "--table", res["tune"]["table"],
                "--hidden", str(args.hidden), "--intermediate", str(args.intermediate), "--tokens",
-               *map(str, args.tokens), "--profile", str(args.out / f"serve{i + 1}-profile.txt")]
+               *map(str, args.tokens), "--profile", str(Path(args.out) / f"serve{i + 1}-profile.txt")]
         t0 = time.time()
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         wall = time.time() - t0
