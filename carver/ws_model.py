@@ -46,7 +46,7 @@ from .model import ModelConstants, constants_for, predict_arrays
 from .problem import MatmulProblem
 from .validity import cluster_shape
 
-__all__ = ["WSConstants", "WS_CONSTANTS", "predict_ws_us", "ws_gain"]
+__all__ = ["WSConstants", "WS_CONSTANTS", "predict_pipelined_us", "predict_ws_us", "ws_gain"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,12 @@ def _one(problem: MatmulProblem, arch: GPUArch, config: Mapping[str, Any], k: Mo
     return predict_arrays(problem, arch, lower(problem, arch, cfgs), k)
 
 
+def predict_pipelined_us(problem: MatmulProblem, arch: GPUArch, config: Mapping[str, Any],
+                         const: ModelConstants | None = None) -> float:
+    """Predicted latency (us) of ``config`` as TileLang's ``T.Pipelined`` program: the carver's model."""
+    return _finite(float(_one(problem, arch, config, const or constants_for(arch)).latency_us[0]), problem, config)
+
+
 def predict_ws_us(problem: MatmulProblem, arch: GPUArch, config: Mapping[str, Any],
                   const: ModelConstants | None = None, ws: WSConstants | None = None) -> float:
     """Predicted latency (us) of ``config`` run as the ws variant (its ``cluster`` and ``persistent`` keys
@@ -100,7 +106,14 @@ def predict_ws_us(problem: MatmulProblem, arch: GPUArch, config: Mapping[str, An
     if config.get("persistent"):
         whole = max(1.0, math.ceil(float(t.waves[0])))
         latency -= w.persistent_overlap * float(t.epilogue_us[0]) * (1.0 - 1.0 / whole)
-    return latency * (1.0 + (w.tall_tile_loss if bm > 128 else 0.0))
+    return _finite(latency * (1.0 + (w.tall_tile_loss if bm > 128 else 0.0)), problem, config)
+
+
+def _finite(us: float, problem: MatmulProblem, config: Mapping[str, Any]) -> float:
+    if not (np.isfinite(us) and us > 0):
+        raise RuntimeError(f"carver bug: the ws model predicted {us} us for {dict(config)} on {problem.describe()}; "
+                           "please report it with the shape")
+    return us
 
 
 def ws_gain(problem: MatmulProblem, arch: GPUArch, base: Mapping[str, Any], variant: Mapping[str, Any],
@@ -110,9 +123,5 @@ def ws_gain(problem: MatmulProblem, arch: GPUArch, base: Mapping[str, Any], vari
     normalised matmul config dicts; the variant may have fewer stages than its base (its C tile takes
     shared memory the base's reuses)."""
     k = const or constants_for(arch)
-    base_us = float(_one(problem, arch, base, k).latency_us[0])
-    ws_us = predict_ws_us(problem, arch, variant, k, ws)
-    if not (np.isfinite(base_us) and np.isfinite(ws_us) and ws_us > 0):
-        raise RuntimeError(f"carver bug: ws model predicted {ws_us} us against {base_us} us for {dict(variant)} "
-                           f"on {problem.describe()}; please report it with the shape")
-    return base_us / ws_us
+    base_us = predict_pipelined_us(problem, arch, base, k)
+    return base_us / predict_ws_us(problem, arch, variant, k, ws)

@@ -18,7 +18,7 @@ from typing import Any
 from carver.arch import GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
 from carver.validity import check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
-from carver.ws_model import WS_CONSTANTS, WSConstants, predict_ws_us, ws_gain
+from carver.ws_model import WS_CONSTANTS, WSConstants, predict_pipelined_us, predict_ws_us
 
 from .config import (
     AUTO_WS,
@@ -245,16 +245,16 @@ def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
 def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arch: GPUArch, top: int = 3,
                     ws: WSConstants | None = None) -> list[MatmulConfig]:
     """The hand-scheduled Hopper loop (``variant="ws"``) of the top ``top`` configs, where the carver's ws
-    term (:func:`carver.ws_model.ws_gain`) predicts it ``min_gain`` faster than the config itself; and the
-    cluster (multicast of the larger operand tile) and persistent forms where each is predicted ``min_gain``
-    faster than the config and no slower than the plain ws form. Each keeps its base's tile; stages are cut
-    until C's staging tile fits beside the ring (not below 2); blocks wider than tall with two consumer warpgroups take
-    ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured best for 128x256). Ordered by
-    the term's predicted latency, best first. Configs
-    whose tiles fill less than one wave of SMs get none: there split-K is the lever
-    (:func:`split_k_variants`), and a faster loop on a grid that leaves SMs idle is not worth a trial.
-    The ws constants are fitted on 4 H200 shapes (``carver/ws_model.py``): these are proposals for the
-    autotuner, and on those shapes no 256-row tile and no cluster form is proposed (both measured slower).
+    term (:mod:`carver.ws_model`) predicts it ``min_gain`` faster than the config itself; and the cluster
+    (multicast of the larger operand tile) and persistent forms where each is predicted ``min_gain``
+    faster than the config and no slower than the plain ws form. Each keeps its base's tile; stages are
+    cut until C's staging tile fits beside the ring (not below 2); blocks wider than tall with two
+    consumer warpgroups take ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured
+    best for 128x256). Ordered by the term's predicted latency, best first. Configs whose tiles fill less
+    than one wave of SMs get none: there split-K is the lever (:func:`split_k_variants`), and a faster
+    loop on a grid that leaves SMs idle is not worth a trial. The ws constants are fitted on 4 H200
+    shapes (``carver/ws_model.py``): these are proposals for the autotuner, and on those shapes no
+    256-row tile and no cluster form is proposed (both measured slower).
     """
     w = ws or WS_CONSTANTS.get(arch.family)
     if w is None or not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned:
@@ -263,7 +263,10 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     def legal(c: MatmulConfig) -> bool:
         return not check(problem, c, arch)
 
-    out: list[MatmulConfig] = []
+    def ws_us(c: MatmulConfig) -> float:
+        return predict_ws_us(problem, arch, c.kernel_kwargs(), ws=w)
+
+    out: list[tuple[float, MatmulConfig]] = []  # (predicted us, config)
     for cfg in configs[:top]:
         if (cfg.split_k, cfg.persistent, cfg.variant) != (1, 0, "pipelined") or _tiles(problem, cfg) < arch.sm_count:
             continue
@@ -275,20 +278,21 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
             plain = dataclasses.replace(plain, num_stages=plain.num_stages - 1)
         if not legal(plain):
             continue
-        base = cfg.kernel_kwargs()
-        gain = ws_gain(problem, arch, base, plain.kernel_kwargs(), ws=w)
-        wanted = [plain] if gain >= 1 + w.min_gain else []
+        # a form's gain is its base's predicted us over its own (carver.ws_model.ws_gain, the base predicted once)
+        base_us, plain_us = predict_pipelined_us(problem, arch, cfg.kernel_kwargs()), ws_us(plain)
+        gain = base_us / plain_us
+        wanted = [(plain_us, plain)] if gain >= 1 + w.min_gain else []
         m_tiles, n_tiles = math.ceil(problem.M / cfg.block_M), math.ceil(problem.N / cfg.block_N)
         cluster = "1x2" if cfg.block_M >= cfg.block_N and n_tiles >= 2 else "2x1" if m_tiles >= 2 else None
         more = [dataclasses.replace(plain, cluster=cluster)] if cluster else []
         if m_tiles * n_tiles > arch.sm_count:
             more.append(dataclasses.replace(plain, persistent=arch.sm_count))
         for c in more:
-            if legal(c) and ws_gain(problem, arch, base, c.kernel_kwargs(), ws=w) >= max(1 + w.min_gain, gain):
-                wanted.append(c)
-        out += [c for c in wanted if c not in out and c not in configs]
-    # best predicted first (the ws term's latency; stable, so ties keep their base's rank)
-    return sorted(out, key=lambda c: predict_ws_us(problem, arch, c.kernel_kwargs(), ws=w))
+            if legal(c) and base_us / (us := ws_us(c)) >= max(1 + w.min_gain, gain):
+                wanted.append((us, c))
+        out += [(us, c) for us, c in wanted if c not in configs and all(c != o for _, o in out)]
+    # best predicted first (stable, so ties keep their base's rank)
+    return [c for _, c in sorted(out, key=lambda t: t[0])]
 
 
 def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
