@@ -56,9 +56,15 @@ class AutoTuneImpl:
         bound = inspect.signature(self.factory).bind_partial(*args, **kwargs).arguments
         return sorted(tunable & set(bound))
 
+    def _configs(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """This call's configs (``configs`` may be a callable taking the call's arguments: called once)."""
+        return list(self.configs(*args, **kwargs)) if callable(self.configs) else self.configs
+
     def tuner(self, *args: Any, **kwargs: Any) -> AutoTuner:
         """The :class:`AutoTuner` one call would run (for ``set_tuning``, say), not yet run."""
-        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
+        return self._tuner(args, kwargs, self._configs(args, kwargs))
+
+    def _tuner(self, args: tuple, kwargs: dict[str, Any], configs: Any) -> AutoTuner:
         kernel = functools.partial(self.factory, *args, **kwargs)
         jit = self.jit_impl
         return (AutoTuner.from_kernel(kernel=kernel, configs=configs)
@@ -81,9 +87,19 @@ class AutoTuneImpl:
         return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
+        return self._serve(args, kwargs, compile_only=False)
+
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        """TileLang's ``.compile(...)``: the tuned kernel (the same as calling a factory; an eager-style
+        kernel with its tunables fixed is compiled, not run)."""
+        return self._serve(args, kwargs, compile_only=True)
+
+    def _serve(self, args: tuple, kwargs: dict[str, Any], compile_only: bool) -> Any:
+        configs = self._configs(args, kwargs)
         tunable = self._tunable(list(configs))
         if self._eager(kwargs, tunable):
+            if compile_only:
+                return self.jit_impl.compile(*args, **kwargs)
             given = sorted(tunable & set(kwargs))
         else:
             given = self._given(args, kwargs, tunable)
@@ -92,19 +108,11 @@ class AutoTuneImpl:
             return self.jit_impl(*args, **kwargs)
         key = _key(args, kwargs, active_inputs())
         if key is None or key not in self._tuned:
-            kernel = self.tuner(*args, **kwargs).run().kernel
+            kernel = self._tuner(args, kwargs, configs).run().kernel
             if key is None:
                 return kernel
             self._tuned[key] = kernel
         return self._tuned[key]
-
-    def compile(self, *args: Any, **kwargs: Any) -> Any:
-        """TileLang's ``.compile(...)``: the tuned kernel (the same as calling a factory; an eager-style
-        kernel with its tunables fixed is compiled, not run)."""
-        configs = self.configs(*args, **kwargs) if callable(self.configs) else self.configs
-        if self._eager(kwargs, self._tunable(list(configs))):
-            return self.jit_impl.compile(*args, **kwargs)
-        return self(*args, **kwargs)
 
 
 def _key(args: tuple, kwargs: dict[str, Any], inputs: AutotuneInputs | None) -> Any:
