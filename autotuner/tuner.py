@@ -570,12 +570,12 @@ class _Run:
         t, rs = self.t, self.t.run_settings
         self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
                         disable=not rs.progress, leave=False)
-        if rs.backend == "ray":
-            from .ray_cluster import RayBench
-
-            bench: Measurer = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=RayBench)
-        elif self.devices:
-            bench = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=open_isolated)
+        if self.devices:  # backend="ray" always has its devices: one actor each
+            if rs.backend == "ray":
+                from .ray_cluster import RayBench as open_bench
+            else:
+                open_bench = open_isolated
+            bench: Measurer = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=open_bench)
         else:
             bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
         try:

@@ -53,7 +53,6 @@ QUICK_HOLDOUT = [(4, 4096, 14336)]
 QUICK_LLAMA = [(4096, 4096), (14336, 4096)]
 
 
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch

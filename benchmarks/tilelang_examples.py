@@ -47,7 +47,6 @@ IMPORT_MAP = [
 ]
 
 
-
 @dataclass(frozen=True)
 class Call:
     """Import the example as a module (its ``__main__`` block does not run) and evaluate ``expr`` in it:
