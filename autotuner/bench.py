@@ -1,14 +1,21 @@
 """The measuring half of tuning: load a compiled candidate, check it, time it.
 
-Two ways to run it, with one interface (``measure``, ``retime``, ``fetch_ref_latency``, ``close``):
+A :class:`Bench` measures the candidates of one problem (one :class:`BenchSpec`) in this process. A
+tuning job (:mod:`.job`: one problem, or many keys of a model) measures through a :class:`Measurer`,
+which holds every problem's spec and names one by its position in the job (``sid``):
 
-* :class:`Bench` measures in this process.
-* :class:`IsolatedBench` (the default) runs a ``Bench`` in a spawned process that owns the GPU.
+* :class:`Benches` measures in this process, one ``Bench`` per spec.
+* :class:`IsolatedBench` (the default) runs a ``Benches`` in a spawned process that owns the GPU,
+  one process for the whole job.
   A kernel that faults leaves a CUDA context unusable for the rest of the process ("sticky"
   errors such as an illegal address), and one that segfaults on the CPU takes its process with
   it. Isolated, that costs one trial (``runtime_error``) and a restart of the measuring process;
   a kernel that runs past ``run_timeout`` is killed (``timeout``). The process starts when
   tuning starts, so its imports overlap with compilation.
+
+A problem's inputs (generated tensors, their pristine copies, the reference's outputs) are made when its
+first candidate arrives and freed by ``release(sid)`` when its last is recorded; re-timing its finalists
+makes them again (same seed, same data), so a job keeps few problems' inputs on the device at once.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, time_callable
 from .trial import Status, Trial, format_error
 
-__all__ = ["Bench", "BenchSpec", "IsolatedBench", "Measurer", "make_measurer", "param_names", "resolve_roles"]
+__all__ = ["Bench", "BenchSpec", "Benches", "IsolatedBench", "Measurer", "make_measurer", "param_names",
+           "resolve_roles"]
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +118,7 @@ class _Case:
     restore: list[int]
     guarded: list[int]
     pristine: dict[int, Any]
-    refs: list[Any] | None
+    refs: list[Any] | None = None  # the reference's outputs, made at the first check (re-timing needs none)
 
     def prepare(self, poison: bool) -> None:
         """Outputs poisoned (when checking), reset-to-zero arguments zeroed, restored ones restored."""
@@ -132,18 +140,20 @@ class _Case:
 
 
 class Measurer(Protocol):
-    """What the tuner asks of the measuring side, in this process (:class:`Bench`) or isolated
-    (:class:`IsolatedBench`)."""
+    """What a tuning job asks of the measuring side, in this process (:class:`Benches`) or isolated
+    (:class:`IsolatedBench`, :class:`.devices.DevicePool`). ``sid`` names one of the job's specs."""
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None: ...
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None: ...
 
-    def fetch_ref_latency(self) -> float | None: ...
+    def fetch_ref_latency(self, sid: int) -> float | None: ...
 
-    def local_kernel(self, index: int) -> Any | None: ...
+    def local_kernel(self, sid: int, index: int) -> Any | None: ...
 
-    def measured_hash(self, index: int) -> str | None: ...
+    def measured_hash(self, sid: int, index: int) -> str | None: ...
+
+    def release(self, sid: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -160,7 +170,7 @@ class Bench:
 
     def _case(self, jit: Any) -> _Case:
         """Inputs, pristine copies and reference outputs per distinct parameter signature, made once."""
-        s, t = self.spec.check, self.spec.timing
+        s = self.spec.check
         device = self.spec.device
         sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
         if sig in self._cases:
@@ -180,15 +190,21 @@ class Bench:
                 args[i] = make_args([jit.params[i]], [], s.supply_type, device, seed=1000 + i)[0]
         pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
         guarded = [i for i in pristine if i not in zero and i not in restore]
-        refs = None
-        if s.ref_prog is not None:
-            ref_in = [pristine[i].clone() for i in sorted(pristine) if i not in zero]
-            refs = run_reference(s.ref_prog, ref_in, len(out_idx), [tuple(args[i].shape) for i in out_idx])
+        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine)
+        return self._cases[sig]
+
+    def _refs(self, case: _Case) -> list[Any] | None:
+        """The reference's outputs on ``case``'s inputs, computed once per case; the reference is timed
+        once per problem (``ref_latency``)."""
+        s, t = self.spec.check, self.spec.timing
+        if case.refs is None and s.ref_prog is not None:
+            ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
+            case.refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
+                                      [tuple(case.args[i].shape) for i in case.out_idx])
             if self.ref_latency is None:
                 ref = s.ref_prog
-                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, device).median_ms
-        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine, refs)
-        return self._cases[sig]
+                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device).median_ms
+        return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
         """Run ``jit`` once on fresh buffers and check it: ``None`` when it passes, else ``(status, why)``.
@@ -204,7 +220,7 @@ class Bench:
             return Status.RUNTIME_ERROR, format_error(e)
         why = self._written_message(case, "")
         if why is None:
-            why = self._check([case.args[i] for i in case.out_idx], case.refs)
+            why = self._check([case.args[i] for i in case.out_idx], self._refs(case))
         return None if why is None else (Status.MISMATCH, why)
 
     @staticmethod
@@ -265,6 +281,10 @@ class Bench:
     def fetch_ref_latency(self) -> float | None:
         return self.ref_latency
 
+    def release(self) -> None:
+        """Free the inputs (and the reference's outputs); the loaded kernels stay for re-timing."""
+        self._cases.clear()
+
     def close(self) -> None:
         self._kernels.clear()
         self._cases.clear()
@@ -291,6 +311,43 @@ class Bench:
         return None if res.ok else res.detail
 
 
+class Benches:
+    """The measuring side of a job in this process: one :class:`Bench` per spec, made at its first use."""
+
+    def __init__(self, specs: list[BenchSpec]) -> None:
+        self.specs = list(specs)
+        self._benches: dict[int, Bench] = {}
+
+    def bench(self, sid: int) -> Bench:
+        if sid not in self._benches:
+            self._benches[sid] = Bench(self.specs[sid])
+        return self._benches[sid]
+
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        return self.bench(sid).measure(index, cfg, compile_s)
+
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing:
+        return self.bench(sid).retime(index, cfg)
+
+    def fetch_ref_latency(self, sid: int) -> float | None:
+        return self.bench(sid).ref_latency
+
+    def local_kernel(self, sid: int, index: int) -> Any | None:
+        return self.bench(sid).local_kernel(index)
+
+    def measured_hash(self, sid: int, index: int) -> str | None:
+        return self.bench(sid).measured_hash(index)
+
+    def release(self, sid: int) -> None:
+        if sid in self._benches:
+            self._benches[sid].release()
+
+    def close(self) -> None:
+        for b in self._benches.values():
+            b.close()
+        self._benches.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # isolation
 
@@ -300,25 +357,28 @@ def _serve(fd: int) -> None:
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
-    blob, glb, sources = conn.recv()
+    blob, glbs, sources = conn.recv()
     seed_linecache(sources)
-    spec: BenchSpec = cloudpickle_module().loads(blob)
-    restore_globals(spec.kernel, glb)
-    bench = Bench(spec)
+    specs: list[BenchSpec] = cloudpickle_module().loads(blob)
+    for spec, glb in zip(specs, glbs):
+        restore_globals(spec.kernel, glb)
+    benches = Benches(specs)
     conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        op = msg[0]
+        op, args = msg[0], msg[1:]
         try:
             if op == "measure":
-                reply = (bench.measure(msg[1], msg[2], msg[3]), bench.measured_hash(msg[1]))
+                reply = (benches.measure(*args), benches.measured_hash(*args[:2]))
             elif op == "retime":
-                reply = bench.retime(msg[1], msg[2])
+                reply = benches.retime(*args)
             elif op == "ref_latency":
-                reply = bench.ref_latency
+                reply = benches.fetch_ref_latency(*args)
+            elif op == "release":
+                reply = benches.release(*args)
             else:
                 return
             conn.send(("ok", reply))
@@ -342,22 +402,21 @@ def _portable(exc: BaseException | None) -> BaseException | None:
 
 
 class IsolatedBench:
-    """A :class:`Bench` in a spawned process, restarted when a candidate kills it.
-
-    ``env`` is added to the process's environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
+    """A :class:`Benches` in a spawned process, restarted when a candidate kills it: one process for
+    every spec of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
     """
 
-    def __init__(self, spec: BenchSpec, run_timeout: float, env: dict[str, str] | None = None) -> None:
-        self.spec = spec
+    def __init__(self, specs: list[BenchSpec], run_timeout: float, env: dict[str, str] | None = None) -> None:
+        self.specs = list(specs)
         self.run_timeout = run_timeout
         self._env = dict(env or {})
-        self._blob = cloudpickle_module().dumps(spec)
-        self._glb = kernel_globals(spec.kernel)
-        self._sources = kernel_sources(spec.kernel)
+        self._blob = cloudpickle_module().dumps(self.specs)
+        self._glbs = [kernel_globals(s.kernel) for s in self.specs]
+        self._sources = {name: lines for s in self.specs for name, lines in kernel_sources(s.kernel).items()}
         self._proc: Any = None
         self._conn: Any = None
-        self._hashes: dict[int, str] = {}
-        self.ref_latency: float | None = None
+        self._hashes: dict[tuple[int, int], str] = {}
+        self.ref_latency: dict[int, float] = {}
         self._start()
 
     def _start(self) -> None:
@@ -370,7 +429,7 @@ class IsolatedBench:
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn = parent
-        self._conn.send((self._blob, self._glb, self._sources))
+        self._conn.send((self._blob, self._glbs, self._sources))
         self._ready = False
 
     def _wait_ready(self) -> None:
@@ -410,12 +469,12 @@ class IsolatedBench:
         return "died", (f"the measuring process died ({how}) while running this config: a crash or a sticky "
                         "CUDA error; it was restarted for the remaining configs")
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
-        tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        tag, reply = self._call(("measure", sid, index, cfg, compile_s), self.run_timeout)
         if tag == "ok":
             trial, phash = reply
             if phash is not None:
-                self._hashes[index] = phash
+                self._hashes[sid, index] = phash
             return trial
         self._raise_for(tag, reply)
         return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
@@ -428,10 +487,16 @@ class IsolatedBench:
         if tag == "error":
             raise RuntimeError(f"the measuring process failed (a tilecarve bug, please report it):\n{reply}")
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
-        tag, reply = self._call(("retime", index, cfg), self.run_timeout)
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
+        tag, reply = self._call(("retime", sid, index, cfg), self.run_timeout)
         self._raise_for(tag, reply)
         return reply if tag == "ok" else None
+
+    def release(self, sid: int) -> None:
+        """Free a spec's inputs in the measuring process (nothing to do when it is not running)."""
+        if self._proc is not None:
+            tag, reply = self._call(("release", sid), 60)
+            self._raise_for(tag, reply)
 
     def abort(self) -> None:
         """Kill the measuring process now, from any thread: a call waiting on it returns at once as
@@ -440,20 +505,20 @@ class IsolatedBench:
         if proc is not None and proc.poll() is None:
             proc.kill()
 
-    def local_kernel(self, index: int) -> Any | None:
+    def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring process; the caller loads the winner itself."""
         return None
 
-    def measured_hash(self, index: int) -> str | None:
+    def measured_hash(self, sid: int, index: int) -> str | None:
         """The PrimFunc hash of the kernel the measuring process checked and timed as ``index``."""
-        return self._hashes.get(index)
+        return self._hashes.get((sid, index))
 
-    def fetch_ref_latency(self) -> float | None:
-        tag, reply = self._call(("ref_latency",), 60)
+    def fetch_ref_latency(self, sid: int) -> float | None:
+        tag, reply = self._call(("ref_latency", sid), 60)
         self._raise_for(tag, reply)
         if tag == "ok" and reply is not None:
-            self.ref_latency = reply
-        return self.ref_latency
+            self.ref_latency[sid] = reply
+        return self.ref_latency.get(sid)
 
     def close(self) -> None:
         """Ask the measuring process to quit and return at once: tearing down its CUDA context takes
@@ -479,6 +544,6 @@ def _reap(proc: subprocess.Popen, conn: Any) -> None:
     conn.close()
 
 
-def make_measurer(spec: BenchSpec, isolate: bool, run_timeout: float) -> Measurer:
-    """An isolated measuring process (the default), or measuring in this process."""
-    return IsolatedBench(spec, run_timeout) if isolate else Bench(spec)
+def make_measurer(specs: list[BenchSpec], isolate: bool, run_timeout: float) -> Measurer:
+    """One isolated measuring process for every spec of a job (the default), or measuring in this process."""
+    return IsolatedBench(specs, run_timeout) if isolate else Benches(specs)

@@ -9,7 +9,7 @@ weights). ``record-tune`` runs it at the token counts 1, 16, 128, 512, 2048 and 
 ``autotuner.record()``, tunes every key met (gate and up share their shape, so 3 projections x 6
 counts are 12 distinct keys), writes the table (to ``--table``, else a new temp dir; never the working
 directory), and runs the block once more so that TileLang's disk cache holds the served kernels.
-``serve`` loads the table, refuses to tune (``AutoTuner.run`` raises), runs the block at every count,
+``serve`` loads the table, refuses to tune (``AutoTuner.plan`` raises), runs the block at every count,
 prints the config each key got and where from, asserts they all came from the table, and prints one
 JSON line (first-forward seconds, configs, counters) last.
 
@@ -106,9 +106,9 @@ def serve(args: argparse.Namespace) -> dict:
     from autotuner import keyed
 
     def refuse(*a: object, **k: object) -> None:
-        raise AssertionError("serve must not tune: AutoTuner.run was called")
+        raise AssertionError("serve must not tune: AutoTuner.plan was called")
 
-    autotuner.AutoTuner.run = refuse  # nothing may be timed in this process
+    autotuner.AutoTuner.plan = refuse  # nothing may be tuned (every run and job plans first) in this process
     compile_s = [0.0]
     original = keyed.KeyedKernel._compile
 
