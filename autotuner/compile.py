@@ -27,6 +27,7 @@ Layout of the work:
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import logging
 import os
@@ -42,7 +43,7 @@ from .config import merge_pass_configs, split_config
 from .trial import Status, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
-           "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache", "tl_compile"]
+           "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache", "terminate_pool", "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -468,6 +469,7 @@ def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
 
     ctx = multiprocessing.get_context("fork")
     started = ctx.SimpleQueue()
+    others = {p.pid for p in multiprocessing.active_children()}
     pool = ctx.Pool(n, initializer=_pool_init, initargs=(os.getpid(), started))
     pending = {t[3] for t in tasks}
     running: dict[int, tuple[int, float]] = {}  # worker pid -> (index, start) of its latest task
@@ -491,8 +493,31 @@ def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
         if clean:
             pool.close()
         else:
-            pool.terminate()
+            terminate_pool(pool, lambda: {p.pid for p in multiprocessing.active_children()} - others)
         pool.join()
+
+
+def terminate_pool(pool: Any, workers: Callable[[], set[int]], grace: float = 10.0) -> None:
+    """``pool.terminate()``, made sure to end: while it waits for the workers, the ones still alive
+    (``workers()``, their pids) get SIGTERM again every half second, and SIGKILL after ``grace``.
+
+    Pool.terminate sends each worker one SIGTERM and waits for it to exit. A worker whose signal
+    arrives just before it blocks on the pool's task-queue lock never runs its handler (the signal
+    was taken before the wait began, so nothing interrupts the wait), and the wait never ends: seen
+    about once in a hundred runs whose reference failed. A second SIGTERM interrupts the wait.
+    """
+    import threading
+
+    stopper = threading.Thread(target=pool.terminate, name="tilecarve-pool-terminate", daemon=True)
+    stopper.start()
+    deadline = time.monotonic() + grace
+    stopper.join(0.5)
+    while stopper.is_alive():
+        sig = signal.SIGTERM if time.monotonic() < deadline else signal.SIGKILL
+        for pid in workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        stopper.join(0.5)
 
 
 def _lost_tasks(started: Any, running: dict[int, tuple[int, float]], pending: set[int]) -> Iterator[CompileOutcome]:

@@ -142,8 +142,14 @@ def watch_parent(parent_pid: int, sig: int = signal.SIGTERM, interval: float = 0
     *thread* that forked the process ends, and a pool re-forks workers from a helper thread that
     ends at shutdown, when such a worker may be holding the pool's task-queue lock; killed there,
     it deadlocks the pool's ``terminate()`` and ``join()``.
+
+    The thread blocks every signal, so that a signal sent to the process (``Pool.terminate``'s
+    SIGTERM) reaches the main thread: delivered to this one, it would leave the main thread asleep
+    in a blocking call (a worker waiting for the pool's task-queue lock), and ``join()`` would wait
+    for a worker that never runs its handler.
     """
     def watch() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while os.getppid() == parent_pid:
             time.sleep(interval)
         os.kill(os.getpid(), sig)

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -397,6 +398,59 @@ def test_die_with_parent_kills_a_child_whose_parent_is_gone():
         _kill_marked(marker)
         parent.wait(10)
         parent.stdout.close()
+
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; Linux only")
+def test_the_parent_watch_thread_leaves_every_signal_to_the_main_thread():
+    """A pool worker's watcher thread blocks every signal. Pool.terminate's one SIGTERM, taken by the
+    watcher as it woke from its sleep, never woke the worker's main thread, asleep on the pool's
+    task-queue lock, and terminate() waited for that worker forever (seen in a job whose last
+    plan failed)."""
+    watcher = procs.watch_parent(os.getppid(), interval=3600.0)
+    blocked = 0
+    for _ in range(200):
+        with open(f"/proc/self/task/{watcher.native_id}/status") as f:
+            blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+        if blocked:
+            break
+        time.sleep(0.01)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+        assert blocked >> (sig - 1) & 1, (sig, hex(blocked))
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:  # the caller's mask is untouched
+        mine = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    assert not mine >> (signal.SIGTERM - 1) & 1
+
+
+def _miss_the_first_sigterm_while_blocked(lock: Any) -> None:
+    """A pool worker's initializer that ends up as the worker that hung a run: asleep on a lock nobody
+    releases (the task-queue lock of a sibling killed while holding it), and its first SIGTERM lost
+    (one that lands just before it blocks); the next one kills it."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    lock.acquire()
+
+
+def test_terminating_a_pool_ends_even_when_a_worker_misses_its_sigterm():
+    """Pool.terminate sends one SIGTERM per worker and waits for each; a worker that missed it kept
+    the run waiting forever (a failing reference, about once in a hundred runs). terminate_pool
+    signals the workers still alive again."""
+    from autotuner.compile import terminate_pool
+
+    ctx = multiprocessing.get_context("fork")
+    lock = ctx.Lock()
+    lock.acquire()
+    others = {p.pid for p in multiprocessing.active_children()}
+    pool = ctx.Pool(1, initializer=_miss_the_first_sigterm_while_blocked, initargs=(lock,))
+    workers = lambda: {p.pid for p in multiprocessing.active_children()} - others  # noqa: E731
+    time.sleep(0.5)  # the worker is asleep on the lock
+    assert len(workers()) == 1
+    t0 = time.monotonic()
+    stopper = threading.Thread(target=terminate_pool, args=(pool, workers), daemon=True)
+    stopper.start()
+    stopper.join(20)
+    assert not stopper.is_alive(), "terminate_pool still waits for a worker that missed its SIGTERM"
+    assert time.monotonic() - t0 < 10 and not workers()
+    pool.join()
 
 
 # --- end to end: the measuring process and the parent's own compiles ----------------------------
