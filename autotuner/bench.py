@@ -279,6 +279,10 @@ class Bench:
         return self._hashes.get(index)
 
     def fetch_ref_latency(self) -> float | None:
+        """The reference's latency: timed at the first check, or now, on the inputs in use, when no check
+        ran in this process (the finalists of a resumed run); ``None`` without a reference or inputs."""
+        if self.ref_latency is None and self._cases:
+            self._refs(next(iter(self._cases.values())))
         return self.ref_latency
 
     def release(self) -> None:
@@ -330,7 +334,7 @@ class Benches:
         return self.bench(sid).retime(index, cfg)
 
     def fetch_ref_latency(self, sid: int) -> float | None:
-        return self.bench(sid).ref_latency
+        return self.bench(sid).fetch_ref_latency()
 
     def local_kernel(self, sid: int, index: int) -> Any | None:
         return self.bench(sid).local_kernel(index)

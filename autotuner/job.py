@@ -219,8 +219,9 @@ class _Job:
                     self._collect(bench, pending, block=False)
                 else:
                     r.measured(out.index, functools.partial(bench.measure, r.sid, out.index, cfg, out.seconds), bench)
-                if all(x.outcome is not None or x.left == 0 for x in runs):
-                    break  # every plan has failed or is complete: stop the pool
+                if any(x.outcome is not None for x in runs) and all(x.outcome is not None or x.left == 0
+                                                                     for x in runs):
+                    break  # what is left in the pool belongs to failed plans: stop it
         while pending:
             self._collect(bench, pending, block=True)
 
