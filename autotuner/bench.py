@@ -212,6 +212,7 @@ class Bench:
         Raises :class:`TuningInputError` when the problem itself is wrong (the reference, out_idx).
         """
         case = self._case(jit)
+        refs = self._refs(case)  # before the candidate runs: a wrong problem is found before any candidate
         case.prepare(poison=True)
         try:
             jit(*case.args)
@@ -220,7 +221,7 @@ class Bench:
             return Status.RUNTIME_ERROR, format_error(e)
         why = self._written_message(case, "")
         if why is None:
-            why = self._check([case.args[i] for i in case.out_idx], self._refs(case))
+            why = self._check([case.args[i] for i in case.out_idx], refs)
         return None if why is None else (Status.MISMATCH, why)
 
     @staticmethod

@@ -32,6 +32,7 @@ class Recording:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, tuple], tuple[KeyedKernel, dict[str, Any]]] = {}
+        self.results: list[Any] = []  # the last tune()'s TuneResults, in the order of seen
         self._lock = threading.Lock()
 
     def _note(self, kernel: KeyedKernel, key: dict[str, Any]) -> None:
@@ -63,7 +64,7 @@ class Recording:
             raise ValueError(f"the recorded kernels compile for different targets {sorted(targets)}; one table "
                              "holds one target: record them separately")
         logger.info("tuning %d recorded keys of %d kernels in one job", len(self.seen), len(kernels))
-        tune_keys(list(self.seen.values()), progress=progress)
+        self.results = tune_keys(list(self.seen.values()), progress=progress)
         if path is None or not kernels:
             return None
         sections = [k.section([key for kk, key in self.seen.values() if kk is k]) for k in kernels]
