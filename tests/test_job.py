@@ -240,3 +240,20 @@ def test_a_template_tunes_a_list_of_problems_as_one_job(monkeypatch):
     assert kernels == ["kernel for matmul 512x14336x4096", "kernel for matmul 2048x14336x4096"]
     assert [(w, r, n) for w, r, _, n in planned] == [(5, 7, 2), (5, 7, 2)]
     assert jobs == [(["matmul 512x14336x4096", "matmul 2048x14336x4096"], True)]  # one job for both
+
+
+@pytest.mark.gpu
+def test_a_list_of_matmul_problems_is_one_job_on_the_gpu(monkeypatch):
+    """MATMUL.tune_many on a CUDA GPU: one measuring process for three problems, each kernel right."""
+    from templates import matmul as mm
+
+    starts = []
+    real_start = bench_mod.IsolatedBench._start
+    monkeypatch.setattr(bench_mod.IsolatedBench, "_start", lambda self: (starts.append(1), real_start(self)))
+    problems = [mm.MatmulProblem(m, 1024, 512) for m in (64, 256, 1024)]
+    kernels = mm.MATMUL.tune_many(problems, mm.TuneOptions(topk=2, variants=False, split_k=False, progress=False))
+    assert starts == [1]
+    for p, k in zip(problems, kernels):
+        a = torch.randn(p.M, p.K, device="cuda", dtype=torch.float16)
+        b = torch.randn(p.N, p.K, device="cuda", dtype=torch.float16)
+        torch.testing.assert_close(k(a, b).float(), a.float() @ b.float().T, atol=1e-2, rtol=1e-2)
