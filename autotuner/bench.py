@@ -1,14 +1,23 @@
 """The measuring half of tuning: load a compiled candidate, check it, time it.
 
-Two ways to run it, with one interface (``measure``, ``retime``, ``fetch_ref_latency``, ``close``):
+A :class:`Bench` measures the candidates of one problem (one :class:`BenchSpec`) in this process. A
+tuning job (:mod:`.job`: one problem, or many keys of a model) measures through a :class:`Measurer`,
+which holds every problem's spec and names one by its position in the job (``sid``):
 
-* :class:`Bench` measures in this process.
-* :class:`IsolatedBench` (the default) runs a ``Bench`` in a spawned process that owns the GPU.
+* :class:`Benches` measures in this process, one ``Bench`` per spec.
+* :class:`IsolatedBench` (the default) runs a ``Benches`` in a spawned process that owns the GPU,
+  one process for the whole job.
   A kernel that faults leaves a CUDA context unusable for the rest of the process ("sticky"
   errors such as an illegal address), and one that segfaults on the CPU takes its process with
   it. Isolated, that costs one trial (``runtime_error``) and a restart of the measuring process;
   a kernel that runs past ``run_timeout`` is killed (``timeout``). The process starts when
   tuning starts, so its imports overlap with compilation.
+* Both it and a Ray measuring actor (:mod:`.ray_cluster`) are a :class:`ServedBench`: a ``Benches``
+  on the other side of a channel, answering :func:`serve_one`'s requests.
+
+A problem's inputs (generated tensors, their pristine copies, the reference's outputs) are made when its
+first candidate arrives and freed by ``release(sid)`` when its last is recorded; re-timing its finalists
+makes them again (same seed, same data), so a job keeps few problems' inputs on the device at once.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, time_callable
 from .trial import Status, Trial, format_error
 
-__all__ = ["Bench", "BenchSpec", "IsolatedBench", "Measurer", "ServedBench", "load_spec", "make_measurer",
+__all__ = ["Bench", "BenchSpec", "Benches", "IsolatedBench", "Measurer", "ServedBench", "load_specs", "make_measurer",
            "param_names", "raise_for_reply", "resolve_roles", "serve_one", "spec_payload"]
 
 logger = logging.getLogger(__name__)
@@ -111,7 +120,7 @@ class _Case:
     restore: list[int]
     guarded: list[int]
     pristine: dict[int, Any]
-    refs: list[Any] | None
+    refs: list[Any] | None = None  # the reference's outputs, made at the first check (re-timing needs none)
 
     def prepare(self, poison: bool) -> None:
         """Outputs poisoned (when checking), reset-to-zero arguments zeroed, restored ones restored."""
@@ -133,18 +142,20 @@ class _Case:
 
 
 class Measurer(Protocol):
-    """What the tuner asks of the measuring side, in this process (:class:`Bench`) or isolated
-    (:class:`IsolatedBench`)."""
+    """What a tuning job asks of the measuring side, in this process (:class:`Benches`) or isolated
+    (:class:`IsolatedBench`, :class:`.devices.DevicePool`). ``sid`` names one of the job's specs."""
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None: ...
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None: ...
 
-    def fetch_ref_latency(self) -> float | None: ...
+    def fetch_ref_latency(self, sid: int) -> float | None: ...
 
-    def local_kernel(self, index: int) -> Any | None: ...
+    def local_kernel(self, sid: int, index: int) -> Any | None: ...
 
-    def measured_hash(self, index: int) -> str | None: ...
+    def measured_hash(self, sid: int, index: int) -> str | None: ...
+
+    def release(self, sid: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -161,7 +172,7 @@ class Bench:
 
     def _case(self, jit: Any) -> _Case:
         """Inputs, pristine copies and reference outputs per distinct parameter signature, made once."""
-        s, t = self.spec.check, self.spec.timing
+        s = self.spec.check
         device = self.spec.device
         sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
         if sig in self._cases:
@@ -181,15 +192,21 @@ class Bench:
                 args[i] = make_args([jit.params[i]], [], s.supply_type, device, seed=1000 + i)[0]
         pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
         guarded = [i for i in pristine if i not in zero and i not in restore]
-        refs = None
-        if s.ref_prog is not None:
-            ref_in = [pristine[i].clone() for i in sorted(pristine) if i not in zero]
-            refs = run_reference(s.ref_prog, ref_in, len(out_idx), [tuple(args[i].shape) for i in out_idx])
+        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine)
+        return self._cases[sig]
+
+    def _refs(self, case: _Case) -> list[Any] | None:
+        """The reference's outputs on ``case``'s inputs, computed once per case; the reference is timed
+        once per problem (``ref_latency``)."""
+        s, t = self.spec.check, self.spec.timing
+        if case.refs is None and s.ref_prog is not None:
+            ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
+            case.refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
+                                      [tuple(case.args[i].shape) for i in case.out_idx])
             if self.ref_latency is None:
                 ref = s.ref_prog
-                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, device).median_ms
-        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine, refs)
-        return self._cases[sig]
+                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device).median_ms
+        return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
         """Run ``jit`` once on fresh buffers and check it: ``None`` when it passes, else ``(status, why)``.
@@ -197,6 +214,7 @@ class Bench:
         Raises :class:`TuningInputError` when the problem itself is wrong (the reference, out_idx).
         """
         case = self._case(jit)
+        refs = self._refs(case)  # before the candidate runs: a wrong problem is found before any candidate
         case.prepare(poison=True)
         try:
             jit(*case.args)
@@ -205,7 +223,7 @@ class Bench:
             return Status.RUNTIME_ERROR, format_error(e)
         why = self._written_message(case, "")
         if why is None:
-            why = self._check([case.args[i] for i in case.out_idx], case.refs)
+            why = self._check([case.args[i] for i in case.out_idx], refs)
         return None if why is None else (Status.MISMATCH, why)
 
     @staticmethod
@@ -264,7 +282,15 @@ class Bench:
         return self._hashes.get(index)
 
     def fetch_ref_latency(self) -> float | None:
+        """The reference's latency: timed at the first check, or now, on the inputs in use, when no check
+        ran in this process (the finalists of a resumed run); ``None`` without a reference or inputs."""
+        if self.ref_latency is None and self._cases:
+            self._refs(next(iter(self._cases.values())))
         return self.ref_latency
+
+    def release(self) -> None:
+        """Free the inputs (and the reference's outputs); the loaded kernels stay for re-timing."""
+        self._cases.clear()
 
     def close(self) -> None:
         self._kernels.clear()
@@ -292,6 +318,43 @@ class Bench:
         return None if res.ok else res.detail
 
 
+class Benches:
+    """The measuring side of a job in this process: one :class:`Bench` per spec, made at its first use."""
+
+    def __init__(self, specs: list[BenchSpec]) -> None:
+        self.specs = list(specs)
+        self._benches: dict[int, Bench] = {}
+
+    def bench(self, sid: int) -> Bench:
+        if sid not in self._benches:
+            self._benches[sid] = Bench(self.specs[sid])
+        return self._benches[sid]
+
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        return self.bench(sid).measure(index, cfg, compile_s)
+
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing:
+        return self.bench(sid).retime(index, cfg)
+
+    def fetch_ref_latency(self, sid: int) -> float | None:
+        return self.bench(sid).fetch_ref_latency()
+
+    def local_kernel(self, sid: int, index: int) -> Any | None:
+        return self.bench(sid).local_kernel(index)
+
+    def measured_hash(self, sid: int, index: int) -> str | None:
+        return self.bench(sid).measured_hash(index)
+
+    def release(self, sid: int) -> None:
+        if sid in self._benches:
+            self._benches[sid].release()
+
+    def close(self) -> None:
+        for b in self._benches.values():
+            b.close()
+        self._benches.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # isolation
 
@@ -301,30 +364,36 @@ def _serve(fd: int) -> None:
     from multiprocessing.connection import Connection
 
     conn = Connection(fd)
-    bench = Bench(load_spec(*conn.recv()))
+    benches = Benches(load_specs(*conn.recv()))
     conn.send(("ready", None))
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
-        if msg[0] not in ("measure", "retime", "ref_latency"):
+        if msg[0] not in _REQUESTS:
             return
-        conn.send(serve_one(bench, msg))
+        conn.send(serve_one(benches, msg))
 
 
-def serve_one(bench: Bench, msg: tuple) -> tuple[str, Any]:
+#: What a measuring process (or a Ray measuring actor) answers; anything else ends it.
+_REQUESTS = ("measure", "retime", "ref_latency", "release")
+
+
+def serve_one(benches: Benches, msg: tuple) -> tuple[str, Any]:
     """One request to a measuring process (or a Ray measuring actor), answered as
-    :meth:`IsolatedBench.measure` and its siblings read it: ``("ok", reply)``, ``("input_error", ...)``
-    for a wrong problem, ``("error", text)`` for a bug on the measuring side."""
-    op = msg[0]
+    :class:`ServedBench` reads it: ``("ok", reply)``, ``("input_error", ...)`` for a wrong problem,
+    ``("error", text)`` for a bug on the measuring side. Each request names its spec (``sid``)."""
+    op, args = msg[0], msg[1:]
     try:
         if op == "measure":
-            return "ok", (bench.measure(msg[1], msg[2], msg[3]), bench.measured_hash(msg[1]))
+            return "ok", (benches.measure(*args), benches.measured_hash(*args[:2]))
         if op == "retime":
-            return "ok", bench.retime(msg[1], msg[2])
+            return "ok", benches.retime(*args)
         if op == "ref_latency":
-            return "ok", bench.ref_latency
+            return "ok", benches.fetch_ref_latency(*args)
+        if op == "release":
+            return "ok", benches.release(*args)
         raise ValueError(f"unknown request {op!r} to the measuring process")
     except TuningInputError as e:
         return "input_error", (str(e), _portable(e.__cause__))
@@ -341,19 +410,21 @@ def raise_for_reply(tag: str, reply: Any) -> None:
         raise RuntimeError(f"the measuring process failed (a tilecarve bug, please report it):\n{reply}")
 
 
-def spec_payload(spec: BenchSpec) -> tuple[bytes, bytes | None, dict[str, list[str]]]:
-    """``spec`` as it travels to a measuring process, the way kernels travel to compile workers: by
-    cloudpickle, with the globals it needs and the source lines of kernels defined in a notebook."""
-    return cloudpickle_module().dumps(spec), kernel_globals(spec.kernel), kernel_sources(spec.kernel)
+def spec_payload(specs: list[BenchSpec]) -> tuple[bytes, list[bytes | None], dict[str, list[str]]]:
+    """A job's specs as they travel to a measuring process, the way kernels travel to compile workers: by
+    cloudpickle, with the globals each kernel needs and the source lines of kernels defined in a notebook."""
+    return (cloudpickle_module().dumps(list(specs)), [kernel_globals(s.kernel) for s in specs],
+            {name: lines for s in specs for name, lines in kernel_sources(s.kernel).items()})
 
 
-def load_spec(blob: bytes, glb: bytes | None, sources: dict[str, list[str]]) -> BenchSpec:
-    """The :class:`BenchSpec` a measuring process receives (:func:`spec_payload`), unpickled with the
-    kernel's globals and notebook sources in place."""
+def load_specs(blob: bytes, glbs: list[bytes | None], sources: dict[str, list[str]]) -> list[BenchSpec]:
+    """The :class:`BenchSpec` list a measuring process receives (:func:`spec_payload`), unpickled with the
+    kernels' globals and notebook sources in place."""
     seed_linecache(sources)
-    spec: BenchSpec = cloudpickle_module().loads(blob)
-    restore_globals(spec.kernel, glb)
-    return spec
+    specs: list[BenchSpec] = cloudpickle_module().loads(blob)
+    for spec, glb in zip(specs, glbs):
+        restore_globals(spec.kernel, glb)
+    return specs
 
 
 def _portable(exc: BaseException | None) -> BaseException | None:
@@ -370,61 +441,70 @@ def _portable(exc: BaseException | None) -> BaseException | None:
 
 
 class ServedBench:
-    """A :class:`Bench` served by another process (:func:`serve_one` answers there): what the tuner asks
+    """A :class:`Benches` served by another process (:func:`serve_one` answers there): what the tuner asks
     of the measuring side, on top of one method a subclass provides, ``_call(msg, timeout)``, which
     returns ``("ok", reply)``, ``("input_error", ...)``, ``("error", text)``, ``("died", why)`` or
     ``("timeout", why)``. A death or a timeout costs the candidate in flight, as a trial."""
 
-    def __init__(self, spec: BenchSpec, run_timeout: float) -> None:
-        self.spec = spec
+    def __init__(self, specs: list[BenchSpec], run_timeout: float) -> None:
+        self.specs = list(specs)
         self.run_timeout = run_timeout
-        self._hashes: dict[int, str] = {}
-        self.ref_latency: float | None = None
+        self._hashes: dict[tuple[int, int], str] = {}
+        self.ref_latency: dict[int, float] = {}
 
     def _call(self, msg: tuple, timeout: float) -> tuple[str, Any]:
         raise NotImplementedError
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
-        tag, reply = self._call(("measure", index, cfg, compile_s), self.run_timeout)
+    def _started(self) -> bool:
+        """Whether the other side is up (a request that only frees memory need not start it)."""
+        return True
+
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+        tag, reply = self._call(("measure", sid, index, cfg, compile_s), self.run_timeout)
         if tag == "ok":
             trial, phash = reply
             if phash is not None:
-                self._hashes[index] = phash
+                self._hashes[sid, index] = phash
             return trial
         raise_for_reply(tag, reply)
         return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
-        tag, reply = self._call(("retime", index, cfg), self.run_timeout)
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
+        tag, reply = self._call(("retime", sid, index, cfg), self.run_timeout)
         raise_for_reply(tag, reply)
         return reply if tag == "ok" else None
 
-    def fetch_ref_latency(self) -> float | None:
-        tag, reply = self._call(("ref_latency",), 60)
+    def release(self, sid: int) -> None:
+        """Free a spec's inputs on the other side (nothing to do when it is not running)."""
+        if self._started():
+            tag, reply = self._call(("release", sid), 60)
+            raise_for_reply(tag, reply)
+
+    def fetch_ref_latency(self, sid: int) -> float | None:
+        tag, reply = self._call(("ref_latency", sid), 60)
         raise_for_reply(tag, reply)
         if tag == "ok" and reply is not None:
-            self.ref_latency = reply
-        return self.ref_latency
+            self.ref_latency[sid] = reply
+        return self.ref_latency.get(sid)
 
-    def local_kernel(self, index: int) -> Any | None:
+    def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring process; the caller loads the winner itself."""
         return None
 
-    def measured_hash(self, index: int) -> str | None:
+    def measured_hash(self, sid: int, index: int) -> str | None:
         """The PrimFunc hash of the kernel the measuring process checked and timed as ``index``."""
-        return self._hashes.get(index)
+        return self._hashes.get((sid, index))
 
 
 class IsolatedBench(ServedBench):
-    """A :class:`Bench` in a spawned process, restarted when a candidate kills it.
-
-    ``env`` is added to the process's environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
+    """A :class:`Benches` in a spawned process, restarted when a candidate kills it: one process for
+    every spec of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
     """
 
-    def __init__(self, spec: BenchSpec, run_timeout: float, env: dict[str, str] | None = None) -> None:
-        super().__init__(spec, run_timeout)
+    def __init__(self, specs: list[BenchSpec], run_timeout: float, env: dict[str, str] | None = None) -> None:
+        super().__init__(specs, run_timeout)
         self._env = dict(env or {})
-        self._payload = spec_payload(spec)
+        self._payload = spec_payload(self.specs)
         self._proc: Any = None
         self._conn: Any = None
         self._start()
@@ -479,6 +559,9 @@ class IsolatedBench(ServedBench):
         return "died", (f"the measuring process died ({how}) while running this config: a crash or a sticky "
                         "CUDA error; it was restarted for the remaining configs")
 
+    def _started(self) -> bool:
+        return self._proc is not None
+
     def abort(self) -> None:
         """Kill the measuring process now, from any thread: a call waiting on it returns at once as
         ``died``. For a run that stops while this process may be busy with a candidate."""
@@ -510,6 +593,6 @@ def _reap(proc: subprocess.Popen, conn: Any) -> None:
     conn.close()
 
 
-def make_measurer(spec: BenchSpec, isolate: bool, run_timeout: float) -> Measurer:
-    """An isolated measuring process (the default), or measuring in this process."""
-    return IsolatedBench(spec, run_timeout) if isolate else Bench(spec)
+def make_measurer(specs: list[BenchSpec], isolate: bool, run_timeout: float) -> Measurer:
+    """One isolated measuring process for every spec of a job (the default), or measuring in this process."""
+    return IsolatedBench(specs, run_timeout) if isolate else Benches(specs)

@@ -3,7 +3,9 @@
 Layout of the work:
 
 * One task per config runs on worker processes: by default a pool forked from the parent (all
-  cores), else joblib's ``loky`` or ``dask`` backends, or Ray tasks (``"ray"``, :mod:`.ray_cluster`).
+  cores), else joblib's ``loky`` or ``dask`` backends, or Ray tasks (``"ray"``, :mod:`.ray_cluster`). A job
+  of many kernels (many keys of a model, :mod:`.job`) goes through one pool, kernel after kernel
+  (:func:`compile_many`).
 * Inside a task, the compile runs in a forked child that leads its own session (a Ctrl-C meant
   for the terminal's process group does not reach it) and forks the compiler proper. A compile
   that hangs past ``timeout`` is killed with its nvcc grandchildren; one that segfaults is a
@@ -33,16 +35,17 @@ import os
 import signal
 import time
 import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import procs
 from .config import merge_pass_configs, split_config
 from .trial import Status, format_error
 
-__all__ = ["CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_task", "kernel_globals",
-           "kernel_sources", "restore_globals", "seed_linecache", "terminate_pool", "tl_compile"]
+__all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
+           "compile_task", "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache", "terminate_pool",
+           "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class CompileOutcome:
     status: Status  # OK, COMPILE_ERROR or TIMEOUT
     error: str | None
     seconds: float
+    batch: int = 0  # which of compile_many's batches it belongs to
 
 
 def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None) -> Any:
@@ -371,46 +375,93 @@ def default_backend() -> str:
     return "multiprocessing" if "fork" in multiprocessing.get_all_start_methods() else "loky"
 
 
+@dataclass(frozen=True)
+class CompileBatch:
+    """One kernel's candidates for :func:`compile_many`: compile ``configs[i]`` for each ``i`` in ``indices``."""
+
+    kernel: Callable[..., Any]
+    configs: Sequence[dict[str, Any]]
+    indices: Sequence[int]
+    target_spec: Any
+    timeout: float
+    pass_configs: dict[str, Any] | None = None
+
+
 def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indices: list[int], target_spec: Any,
                 *, timeout: float, n_jobs: int | None, pass_configs: dict[str, Any] | None = None,
                 backend: str | None = None) -> Iterator[CompileOutcome]:
     """Compile ``configs[i]`` for each ``i`` in ``indices``; yield outcomes as they finish (any order).
 
-    ``backend`` is ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (Ray tasks on the
-    cluster :func:`.ray_cluster.connect` finds), or a joblib backend name (``"loky"``, ``"dask"``...);
-    ``None`` means :func:`default_backend`. Closing the
-    iterator early (or an exception or Ctrl-C while it waits) stops every compile and worker; use
-    ``contextlib.closing`` to make that immediate rather than left to garbage collection.
-    Temporary files go to per-compile directories inside the active :func:`.procs.run_scratch`.
+    The one-kernel case of :func:`compile_many`, which says how the pool works and ends.
     """
-    if not indices:
-        return (o for o in ())  # a generator like the other paths: callers may close() it
-    payload = cloudpickle_module().dumps(kernel)
-    glb = kernel_globals(kernel)
-    sources = kernel_sources(kernel)
+    return compile_many([CompileBatch(kernel, configs, indices, target_spec, timeout, pass_configs)], n_jobs=n_jobs,
+                        backend=backend)
+
+
+def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
+                 backend: str | None = None) -> Iterator[CompileOutcome]:
+    """Compile every batch's candidates in ONE pool, handed out in the order given (batch after batch);
+    yield outcomes as they finish (any order), each naming its ``batch`` and its ``index`` in that batch.
+
+    One pool for a whole job, so that it never drains and refills between kernels. ``backend`` is
+    ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (Ray tasks on the cluster
+    :func:`.ray_cluster.connect` finds), or a joblib backend name (``"loky"``, ``"dask"``...); ``None``
+    means :func:`default_backend`. Closing the iterator early (or an
+    exception or Ctrl-C while it waits) stops every compile and worker; use ``contextlib.closing`` to make
+    that immediate rather than left to garbage collection. Temporary files go to per-compile
+    directories inside the active :func:`.procs.run_scratch`.
+    """
     me = os.getpid()
     scratch = procs.current_scratch()
-    tasks = [(payload, glb, sources, i, configs[i], target_spec, pass_configs, timeout, me, scratch) for i in indices]
+    tasks, where = [], []  # a task's index is its position in the job; ``where`` maps it back
+    for b, batch in enumerate(batches):
+        if not batch.indices:
+            continue
+        payload = cloudpickle_module().dumps(batch.kernel)
+        glb = kernel_globals(batch.kernel)
+        sources = kernel_sources(batch.kernel)
+        for i in batch.indices:
+            tasks.append((payload, glb, sources, len(tasks), batch.configs[i], batch.target_spec, batch.pass_configs,
+                          batch.timeout, me, scratch))
+            where.append((b, i))
+    if not tasks:
+        return (o for o in ())  # a generator like the other paths: callers may close() it
+    n = n_jobs if n_jobs is not None else -1
+    if n == -1 or n > len(tasks):
+        n = min(len(tasks), os.cpu_count() or 1)
+    backend = backend or default_backend()
     if backend == "ray":  # as many at once as n_jobs, or as the cluster has CPUs
         from .ray_cluster import compile_on_ray
 
-        return compile_on_ray(tasks, n_jobs)
-    n = n_jobs if n_jobs is not None else -1
-    if n == -1 or n > len(indices):
-        n = min(len(indices), os.cpu_count() or 1)
-    backend = backend or default_backend()
-    if backend == "multiprocessing":
+        outcomes = compile_on_ray(tasks, n_jobs)
+    elif backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
-        return _forked_pool(n, tasks) if n > 1 else (compile_task(*t) for t in tasks)
-    from joblib import Parallel, delayed
+        outcomes = _forked_pool(n, tasks) if n > 1 else (compile_task(*t) for t in tasks)
+    else:
+        from joblib import Parallel, delayed
 
-    jobs = [delayed(compile_task)(*t) for t in tasks]
-    if backend == "loky" and n > 1:
-        from joblib.parallel import LokyBackend
+        jobs = [delayed(compile_task)(*t) for t in tasks]
+        if backend == "loky" and n > 1:
+            from joblib.parallel import LokyBackend
 
-        return Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
-                        return_as="generator_unordered")(jobs)
-    return Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")(jobs)
+            parallel = Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
+                                return_as="generator_unordered")
+        else:
+            parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
+        outcomes = parallel(jobs)
+    return _placed(outcomes, where)
+
+
+def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]]) -> Iterator[CompileOutcome]:
+    """Each outcome with its batch and its index in that batch; closing this closes the pool's iterator."""
+    try:
+        for out in outcomes:
+            b, i = where[out.index]
+            yield replace(out, batch=b, index=i)
+    finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()
 
 
 def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:

@@ -1,11 +1,12 @@
 """Measuring on several devices of one host (``set_tuning(devices="all" | [0, 1, ...])``).
 
 One isolated measuring process per device (:class:`.bench.IsolatedBench`, pinned to its GPU with
-``CUDA_VISIBLE_DEVICES``), each owned by a thread that lives as long as the run: the measuring
-process dies with the thread that started it (``PR_SET_PDEATHSIG``), and its restarts after a crash
-or a hang happen in that thread too. Candidates go into one queue as they finish compiling and the
-next free device takes the next one, so a faster device measures more (no fixed chunks). A crash or
-a hang costs one candidate on one device and restarts that device's process only.
+``CUDA_VISIBLE_DEVICES``, holding every problem of the job), each owned by a thread that lives as long
+as the run: the measuring process dies with the thread that started it (``PR_SET_PDEATHSIG``), and its
+restarts after a crash or a hang happen in that thread too. Candidates go into one queue as they
+finish compiling and the next free device takes the next one, so a faster device measures more (no
+fixed chunks). A crash or a hang costs one candidate on one device and restarts that device's
+process only.
 
 Timings from two GPU models do not compare, so devices of different models are refused unless the
 caller allows them (``allow_mixed_devices=True``); every trial records its device. Finalists are
@@ -107,22 +108,23 @@ def resolve_devices(devices: str | Sequence[int], kind: str, allow_mixed: bool) 
 
 
 _Job = tuple[Future, Callable[["_Worker"], Any], bool]  # (future, work, pinned to the finalists' device)
-#: Opens the measuring side of one device: ``(spec, run_timeout, device) -> bench``.
-BenchOpener = Callable[[BenchSpec, float, "Device"], Any]
+#: Opens the measuring side of one device for a job's problems: ``(specs, run_timeout, device) -> bench``.
+BenchOpener = Callable[[list[BenchSpec], float, "Device"], Any]
 
 
-def open_isolated(spec: BenchSpec, run_timeout: float, device: Device) -> IsolatedBench:
-    """A measuring process on this host, pinned to ``device`` through its environment."""
-    return IsolatedBench(spec, run_timeout, device.env)
+def open_isolated(specs: list[BenchSpec], run_timeout: float, device: Device) -> IsolatedBench:
+    """A measuring process on this host for every problem of a job, pinned to ``device`` through its
+    environment."""
+    return IsolatedBench(specs, run_timeout, device.env)
 
 
 class _Worker(threading.Thread):
     """The thread that owns one device's measuring side and runs the jobs it takes."""
 
-    def __init__(self, pool: DevicePool, device: Device, spec: BenchSpec, run_timeout: float,
+    def __init__(self, pool: DevicePool, device: Device, specs: list[BenchSpec], run_timeout: float,
                  open_bench: BenchOpener) -> None:
         super().__init__(name=f"tilecarve-measure-{device.label}", daemon=True)
-        self.pool, self.device, self._spec, self._run_timeout = pool, device, spec, run_timeout
+        self.pool, self.device, self._specs, self._run_timeout = pool, device, specs, run_timeout
         self._open = open_bench
         self.inbox: deque[_Job | None] = deque()  # jobs for this device only (finalists); None: stop
         self.bench: Any = None
@@ -132,7 +134,7 @@ class _Worker(threading.Thread):
     def run(self) -> None:
         error: BaseException | None = None
         try:
-            self.bench = self._open(self._spec, self._run_timeout, self.device)
+            self.bench = self._open(self._specs, self._run_timeout, self.device)
         except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
             error = e
         while (job := self.pool._take(self)) is not None:
@@ -157,18 +159,18 @@ class _Worker(threading.Thread):
 
 class DevicePool:
     """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
-    queue; what :class:`.bench.Measurer` asks of one device, plus :meth:`submit`, which measures on the
-    next free device."""
+    queue, each holding every problem of the job: a :class:`.bench.Measurer`, plus :meth:`submit`, which
+    measures on the next free device."""
 
-    def __init__(self, spec: BenchSpec, run_timeout: float, devices: Sequence[Device],
+    def __init__(self, specs: list[BenchSpec], run_timeout: float, devices: Sequence[Device],
                  open_bench: BenchOpener = open_isolated) -> None:
         if not devices:
             raise ValueError("a DevicePool needs at least one device")
         self._cond = threading.Condition()
         self._shared: deque[_Job] = deque()
         self._closed = False
-        self._measured_on: dict[int, _Worker] = {}
-        self._workers = [_Worker(self, d, spec, run_timeout, open_bench) for d in devices]
+        self._measured_on: dict[tuple[int, int], _Worker] = {}
+        self._workers = [_Worker(self, d, list(specs), run_timeout, open_bench) for d in devices]
         self._alive = list(self._workers)  # in the order listed; a lost device leaves it
         self._dead: DeviceLost | None = None  # set when the last device is lost
         for w in self._workers:
@@ -219,14 +221,14 @@ class DevicePool:
                     return self._shared.popleft()
                 self._cond.wait()
 
-    def submit(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Future:
-        """Measure ``cfg`` on the next free device; the future's result is ``(index, trial)``, the trial
-        carrying its device's label."""
-        def job(w: _Worker) -> tuple[int, Trial]:
-            trial = w.bench.measure(index, cfg, compile_s)
-            self._measured_on[index] = w
+    def submit(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Future:
+        """Measure ``cfg`` on the next free device; the future's result is the trial, carrying its
+        device's label."""
+        def job(w: _Worker) -> Trial:
+            trial = w.bench.measure(sid, index, cfg, compile_s)
+            self._measured_on[sid, index] = w
             w.measured += 1
-            return index, replace(trial, device=w.device.label)
+            return replace(trial, device=w.device.label)
 
         fut: Future = Future()
         with self._cond:
@@ -238,37 +240,49 @@ class DevicePool:
             self._cond.notify()
         return fut
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         """:meth:`submit` and wait: one candidate on the next free device."""
-        return self.submit(index, cfg, compile_s).result()[1]
+        return self.submit(sid, index, cfg, compile_s).result()
 
-    def _on_first(self, fn: Callable[[_Worker], Any]) -> Any:
-        """Run ``fn`` on the first device's thread (the first not lost) and wait for it."""
+    def _on(self, worker: _Worker | None, fn: Callable[[_Worker], Any]) -> Future:
+        """Run ``fn`` on ``worker``'s thread, before anything from the shared queue; ``None``: on the first
+        device not lost (the finalists' device; a job for it moves on if it is lost)."""
         fut: Future = Future()
         with self._cond:
             if not self._alive:
                 raise TuningError(f"every measuring device was lost: {self._dead}")
-            self._alive[0].inbox.append((fut, fn, True))
+            if worker is None:
+                self._alive[0].inbox.append((fut, fn, True))
+            elif worker in self._alive:
+                worker.inbox.append((fut, fn, False))
+            else:
+                fut.set_result(None)  # a lost device has nothing left to run
             self._cond.notify_all()
-        return fut.result()
+        return fut
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing | None:
+    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
         """Time a candidate again on the first device (it loads the kernel, a disk-cache hit, when another
         device measured it): every finalist is timed on that one device."""
-        return self._on_first(lambda w: w.bench.retime(index, cfg))
+        return self._on(None, lambda w: w.bench.retime(sid, index, cfg)).result()
 
-    def fetch_ref_latency(self) -> float | None:
+    def fetch_ref_latency(self, sid: int) -> float | None:
         """The reference's latency on the first device (where the finalists were timed)."""
-        return self._on_first(lambda w: w.bench.fetch_ref_latency())
+        return self._on(None, lambda w: w.bench.fetch_ref_latency(sid)).result()
 
-    def local_kernel(self, index: int) -> Any | None:
+    def release(self, sid: int) -> None:
+        """Free a problem's inputs on every device, before the next candidate each device takes; returns at
+        once (no candidate of that problem is in flight when the job releases it)."""
+        for w in list(self._alive):
+            self._on(w, lambda w: w.bench.release(sid))
+
+    def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring processes; the caller loads the winner itself."""
         return None
 
-    def measured_hash(self, index: int) -> str | None:
+    def measured_hash(self, sid: int, index: int) -> str | None:
         """The PrimFunc hash of the kernel checked and timed as ``index``, on whichever device did it."""
-        w = self._measured_on.get(index)
-        return w.bench.measured_hash(index) if w is not None and w.bench is not None else None
+        w = self._measured_on.get((sid, index))
+        return w.bench.measured_hash(sid, index) if w is not None and w.bench is not None else None
 
     def close(self) -> None:
         """Cancel what no device has taken, kill the measuring processes still busy with a candidate (a run

@@ -36,7 +36,8 @@ from .config import config_label, merge_pass_configs, normalize_configs, split_c
 from .errors import TuningError
 from .table import Entry, KernelSection, TableError, TunedTable, load_table
 
-__all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "untuned", "use_table"]
+__all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "tune_keys", "untuned",
+           "use_table"]
 
 logger = logging.getLogger(__name__)
 
@@ -346,20 +347,25 @@ class KeyedKernel:
             return None
         return stored.best_config, stored.best_latency_ms
 
+    def plan(self, key: Mapping[str, Any]) -> Any:
+        """The :class:`~.tuner.Plan` that tunes ``key``'s bucket, for :func:`autotuner.tune_all`."""
+        b = self.make_key(key)
+        label = f"{self.name} " + ",".join(f"{k}={v}" for k, v in b.items())
+        return self.tuner(b).plan(self.warmup, self.rep, label=label)
+
     def tune(self, key: Mapping[str, Any]) -> Any:
         """Tune ``key``'s bucket (the database makes a tuned key a warm hit) and serve the winner in this
-        process from now on. Refused inside CUDA-graph capture. Returns the ``TuneResult``."""
-        if capturing():
-            raise TuningError(f"{self.name}: refusing to tune {dict(key)} while a CUDA graph is being captured; "
-                              "tune before capture (autotuner.record, then Recording.tune)")
-        b = self.make_key(key)
-        result = self.tuner(b).run(self.warmup, self.rep)
+        process from now on. Refused inside CUDA-graph capture. Returns the ``TuneResult``. The one-key
+        case of :func:`tune_keys`."""
+        return tune_keys([(self, key)], load_kernels=True)[0]
+
+    def _adopt(self, b: dict[str, Any], result: Any) -> None:
+        """Serve ``result``'s winner for bucket key ``b`` from now on."""
         with self._lock:
             self._chosen[tuple(b.values())] = (result.config, "tuned", result.latency)
             self._untuned.pop(tuple(b.values()), None)
             self._fast.clear()
             self.stats["tuned"] += 1
-        return result
 
     # ------------------------------------------------------------------ tables
     def use_table(self, table: TunedTable | str | Any, allow: bool | Iterable[str] = ()) -> TunedTable:
@@ -402,6 +408,30 @@ class KeyedKernel:
     def untuned(self) -> list[tuple[dict[str, Any], int]]:
         """Keys served by the fallback in this process, with how many calls each served."""
         return [(dict(zip(self.key, bt)), n) for bt, n in self._untuned.items()]
+
+
+def tune_keys(pairs: Iterable[tuple[KeyedKernel, Mapping[str, Any]]], *, progress: bool | None = None,
+              load_kernels: bool = False) -> list[Any]:
+    """Tune every ``(kernel, key)`` as one job (:func:`autotuner.tune_all`: one compile pool, one measuring
+    process, one progress bar, ``progress=None``: as the kernels' ``tuning_args`` say) and serve each
+    winner from now on; the ``TuneResult`` s in order. Stored winners are warm hits. A key that fails does
+    not stop the others: the winners found are adopted, then the failures raised. Refused inside CUDA-graph
+    capture. ``load_kernels``: also load each winner in this process (``TuneResult.kernel``)."""
+    from .job import raise_errors, tune_all
+
+    pairs = list(pairs)
+    if capturing():
+        where = ", ".join(f"{kk.name} at {dict(key)}" for kk, key in pairs[:3])
+        raise TuningError(f"refusing to tune {where} while a CUDA graph is being captured; tune before capture "
+                          "(autotuner.record, then Recording.tune)")
+    buckets = [kk.make_key(key) for kk, key in pairs]
+    plans = [kk.plan(b) for (kk, _), b in zip(pairs, buckets)]
+    out = tune_all(plans, progress=progress, load_kernels=load_kernels, errors="return")
+    for (kk, _), b, r in zip(pairs, buckets, out):
+        if not isinstance(r, BaseException):
+            kk._adopt(b, r)
+    raise_errors([p.label for p in plans], out)
+    return out
 
 
 def keyed_kernel(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:

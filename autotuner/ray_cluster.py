@@ -11,7 +11,7 @@
   ``compile_error``.
 * **Measuring.** One actor per device: ``num_gpus=1`` (Ray pins it to its GPU), no CPU reserved, so
   the compile tasks keep every core; on the C target a fake device that reserves nothing. Each actor
-  holds a :class:`.bench.Bench` and plays the part of one isolated measuring process behind
+  holds a :class:`.bench.Benches` (every problem of the job) and plays the part of one isolated measuring process behind
   :class:`.devices.DevicePool`'s queue (:class:`RayBench`). A kernel that crashes its actor costs its
   candidate (``runtime_error``) and Ray restarts the actor; one that runs past ``run_timeout`` gets
   the actor killed and restarted (``timeout``). An actor that cannot come back, its node gone and no
@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from . import procs
-from .bench import Bench, BenchSpec, ServedBench, load_spec, serve_one, spec_payload
+from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload
 from .compile import CompileOutcome, compile_task
 from .devices import Device, DeviceLost, device_name
 from .trial import Status
@@ -115,7 +115,7 @@ def resolve_ray_devices(devices: str | Sequence[int] | None, kind: str, model: s
 
 
 class MeasuringActor:
-    """The body of one measuring actor: a :class:`.bench.Bench` on the actor's device, answering the
+    """The body of one measuring actor: a :class:`.bench.Benches` on the actor's device, answering the
     requests an isolated measuring process answers (:func:`.bench.serve_one`)."""
 
     def __init__(self, payload: tuple) -> None:
@@ -123,17 +123,17 @@ class MeasuringActor:
         # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
-        self.bench = Bench(load_spec(*payload))
+        self.benches = Benches(load_specs(*payload))
 
     def info(self) -> dict[str, Any]:
         """Where this actor runs: its device's model, its node and Ray's GPU ids for it."""
         import ray
 
-        return {"name": device_name(self.bench.spec.device, 0), "node": ray.util.get_node_ip_address(),
+        return {"name": device_name(self.benches.specs[0].device, 0), "node": ray.util.get_node_ip_address(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def call(self, msg: tuple) -> tuple[str, Any]:
-        return serve_one(self.bench, msg)
+        return serve_one(self.benches, msg)
 
 
 class RayBench(ServedBench):
@@ -144,15 +144,15 @@ class RayBench(ServedBench):
     :data:`RESTART_TIMEOUT_S` (or is dead for good) raises :class:`.devices.DeviceLost`.
     """
 
-    def __init__(self, spec: BenchSpec, run_timeout: float, device: Device) -> None:
-        super().__init__(spec, run_timeout)
+    def __init__(self, specs: list[BenchSpec], run_timeout: float, device: Device) -> None:
+        super().__init__(specs, run_timeout)
         self.ray = connect()
         self.device = device
-        gpu = {"num_gpus": 1} if spec.device == "cuda" else {}
+        gpu = {"num_gpus": 1} if self.specs[0].device == "cuda" else {}
         actor = self.ray.remote(MeasuringActor).options(
             num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0, runtime_env=worker_runtime_env(),
             name=None)
-        self._payload = self.ray.put(spec_payload(spec))  # held here: a restart takes it again
+        self._payload = self.ray.put(spec_payload(self.specs))  # held here: a restart takes it again
         self._actor = actor.remote(self._payload)
         self._wait: float | None = START_TIMEOUT_S  # seconds to wait for the actor at the next call; None: up
         self._started = False  # it has been up once
@@ -237,7 +237,10 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOu
             ray.exceptions.OutOfMemoryError)
     remote = ray.remote(compile_task).options(num_cpus=1, max_retries=COMPILE_RETRIES,
                                               runtime_env=worker_runtime_env())
-    payload, glb, sources = (ray.put(x) for x in tasks[0][:3])  # the same in every task: stored once
+    stored: dict[int, tuple[Any, Any, Any]] = {}  # each kernel (one per batch of a job) stored once
+    for task in tasks:
+        if id(task[0]) not in stored:
+            stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
     queue = deque(tasks)
     limit = len(tasks) if n_jobs is None or n_jobs == -1 else n_jobs
     running: dict[Any, tuple[int, float]] = {}  # ref -> (config index, submitted at)
@@ -245,7 +248,7 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOu
         while queue or running:
             while queue and len(running) < limit:
                 task = queue.popleft()
-                running[remote.remote(payload, glb, sources, *task[3:])] = (task[3], time.perf_counter())
+                running[remote.remote(*stored[id(task[0])], *task[3:])] = (task[3], time.perf_counter())
             done, _ = ray.wait(list(running), num_returns=1)
             for ref in done:
                 index, t0 = running.pop(ref)

@@ -2,7 +2,7 @@
 
 >>> with autotuner.record() as rec:
 ...     model(x)                       # served by tables/fallbacks as usual; every key is noted
->>> rec.tune("model-h200.json")        # tunes each key (one device, one after another), writes a table
+>>> rec.tune("model-h200.json")        # tunes every key in one job, writes a table
 
 The table is then shipped with the model and loaded with :func:`autotuner.use_table` (docs/deploy.md).
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from . import keyed
 from .errors import TuningError
-from .keyed import KeyedKernel, add_listener, remove_listener
+from .keyed import KeyedKernel, add_listener, remove_listener, tune_keys
 from .table import write_table
 
 __all__ = ["Recording", "record"]
@@ -32,6 +32,7 @@ class Recording:
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, tuple], tuple[KeyedKernel, dict[str, Any]]] = {}
+        self.results: list[Any] = []  # the last tune()'s TuneResults, in the order of seen
         self._lock = threading.Lock()
 
     def _note(self, kernel: KeyedKernel, key: dict[str, Any]) -> None:
@@ -48,9 +49,12 @@ class Recording:
     def kernels(self) -> list[KeyedKernel]:
         return list({id(k): k for k, _ in self.seen.values()}.values())
 
-    def tune(self, path: str | os.PathLike[str] | None = None) -> Path | None:
-        """Tune every recorded key (stored winners are warm hits) and, given ``path``, write their table.
-        Refused inside CUDA-graph capture. Kernels in one table must share one target."""
+    def tune(self, path: str | os.PathLike[str] | None = None, *, progress: bool | None = True) -> Path | None:
+        """Tune every recorded key in one job (:func:`.keyed.tune_keys`: one compile pool, one measuring
+        process, one progress bar over every candidate; stored winners are warm hits) and, given ``path``,
+        write their table. A key that fails does not stop the others; the failures are raised once every
+        key is done, and no table is written then. Refused inside CUDA-graph capture. Kernels in one table
+        must share one target. ``progress``: the bar (``None``: as the kernels' ``tuning_args`` say)."""
         if keyed.capturing():
             raise TuningError("refusing to tune while a CUDA graph is being captured; call Recording.tune "
                               "outside the capture")
@@ -59,9 +63,8 @@ class Recording:
         if path is not None and len(targets) > 1:
             raise ValueError(f"the recorded kernels compile for different targets {sorted(targets)}; one table "
                              "holds one target: record them separately")
-        for i, (kernel, key) in enumerate(self.seen.values()):
-            logger.info("tuning %d/%d: %s at %s", i + 1, len(self.seen), kernel.name, key)
-            kernel.tune(key)
+        logger.info("tuning %d recorded keys of %d kernels in one job", len(self.seen), len(kernels))
+        self.results = tune_keys(list(self.seen.values()), progress=progress)
         if path is None or not kernels:
             return None
         sections = [k.section([key for kk, key in self.seen.values() if kk is k]) for k in kernels]

@@ -1,6 +1,7 @@
 """``AutoTuner``: compile candidates in parallel, check each against a reference, time, cache.
 
-The flow of one :meth:`AutoTuner.run`:
+The flow of one :meth:`AutoTuner.run` (:meth:`AutoTuner.plan` does steps 1-2, :mod:`.job` the rest:
+a run is the job of one problem, and :func:`autotuner.tune_all` tunes many problems as one job):
 
 1. check every setting, resolve the target in the parent (workers never touch the GPU);
 2. hash the problem into a key without running the user's kernel factory; a finished run under that
@@ -21,29 +22,24 @@ runs in the parent only with a bound (:func:`_bounded`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import statistics
 import sys
 import threading
 import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import procs
-from .bench import Bench, BenchSpec, Measurer, make_measurer, param_names, resolve_roles
+from .bench import Bench, BenchSpec, param_names, resolve_roles
 from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
 from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
-from .compile import compile_all, tl_compile
+from .compile import tl_compile
 from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
-from .devices import Device, DevicePool, open_isolated, resolve_devices
+from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
-from .logs import tilelang_logs_for_run
 from .settings import (
     TIMING_BACKENDS,
     CheckSettings,
@@ -57,7 +53,7 @@ from .target import ResolvedTarget, resolve_target
 from .timing import METHOD
 from .trial import STATUSES, Status, Trial, error_headline
 
-__all__ = ["STATUSES", "AutoTuner", "Trial", "TuneResult", "TunedKernel", "TuningError", "TuningInputError"]
+__all__ = ["STATUSES", "AutoTuner", "Plan", "Trial", "TuneResult", "TunedKernel", "TuningError", "TuningInputError"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,9 +117,10 @@ class TunedKernel:
 
 @dataclass
 class TuneResult:
-    """The outcome of a tuning run. ``latency`` and ``ref_latency`` are medians in milliseconds."""
+    """The outcome of a tuning run. ``latency`` and ``ref_latency`` are medians in milliseconds.
+    ``kernel`` is ``None`` only from a job told not to load winners (``tune_all(load_kernels=False)``)."""
 
-    kernel: TunedKernel
+    kernel: TunedKernel | None
     config: dict[str, Any]
     latency: float
     ref_latency: float | None
@@ -387,7 +384,17 @@ class AutoTuner:
             **tilelang_options: Any) -> TuneResult:
         """Tune and return the best kernel. ``warmup`` and ``rep`` are numbers of calls (not ms);
         ``timeout`` (TileLang's) is ``compile_timeout``. TileLang's other ``run`` options are
-        accepted and checked (:func:`_tilelang_run_options`); none of them changes the result."""
+        accepted and checked (:func:`_tilelang_run_options`); none of them changes the result.
+        This is the job of one problem (:func:`autotuner.tune_all` tunes many as one job)."""
+        from .job import tune_all
+
+        return tune_all([self.plan(warmup, rep, timeout, **tilelang_options)])[0]
+
+    def plan(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
+             label: str = "", **tilelang_options: Any) -> Plan:
+        """Everything :meth:`run` does before it tunes: settings checked, the target resolved (it must run
+        here), the devices found, the database key computed. ``label`` names the problem in a job's
+        progress bar and logs. :func:`autotuner.tune_all` takes a list of plans."""
         _tilelang_run_options(tilelang_options)
         self._use_captured_inputs()
         if timeout is not None:
@@ -423,19 +430,7 @@ class AutoTuner:
         key = tuning_key(self.fn, self.configs, target_key, self._key_settings())
         spec = BenchSpec(self.fn, target.spec, target.device, self.compile_settings.pass_config_dict, c,
                          self.timing_settings)
-        db = TuningDB(self.run_settings.db_path) if self.run_settings.cache else None
-        # every process of the run writes its temporary files (TileLang's sources and libraries,
-        # gcc's and nvcc's scratch) into one directory that goes with the run; TileLang logs above the bar
-        with tilelang_logs_for_run(self.run_settings.progress), procs.run_scratch():
-            try:
-                if db is not None:
-                    hit = self._from_cache(db, key, target, spec, t_start)
-                    if hit is not None:
-                        return hit
-                return _Run(self, db, key, target, spec, t_start, devices).tune()
-            finally:
-                if db is not None:
-                    db.close()
+        return Plan(self, target, key, spec, devices, t_start, label or kernel_name(self.fn))
 
     def cache_key(self, warmup: int, rep: int) -> str:
         """The database key that :meth:`run` ``(warmup, rep)`` tunes under, computed without compiling or
@@ -552,204 +547,51 @@ def _distrust(why: str) -> None:
     return None
 
 
-class _Run:
-    """One cold (or resumed) tuning run, step by step: :meth:`tune` reads as the module docstring."""
+@dataclass
+class Plan:
+    """One problem made ready to tune (:meth:`AutoTuner.plan`): its target resolved, its database key
+    computed, what the measuring side needs. :func:`autotuner.tune_all` tunes a list of them as one job;
+    what the job needs of the tuner it asks here."""
 
-    def __init__(self, tuner: AutoTuner, db: TuningDB | None, key: str, target: ResolvedTarget, spec: BenchSpec,
-                 t_start: float, devices: list[Device] | None = None) -> None:
-        self.t, self.db, self.key, self.target, self.spec, self.t_start = tuner, db, key, target, spec, t_start
-        self.devices = devices
-        self.trials: list[Trial | None] = [None] * len(tuner.configs)
-        self.bar: Any = None
-        self.phases: dict[str, float] = {}
-        self._last = t_start
+    tuner: AutoTuner
+    target: ResolvedTarget
+    key: str
+    spec: BenchSpec
+    devices: list[Device] | None
+    t_start: float
+    label: str = ""
 
-    def tune(self) -> TuneResult:
-        from tqdm import tqdm  # a plain bar on stderr, also in notebooks
+    @property
+    def configs(self) -> list[dict[str, Any]]:
+        return self.tuner.configs
 
-        t, rs = self.t, self.t.run_settings
-        self.bar = tqdm(total=len(t.configs), desc="tuning", unit="cfg", file=sys.stderr,
-                        disable=not rs.progress, leave=False)
-        if self.devices:  # backend="ray" always has its devices: one actor each
-            if rs.backend == "ray":
-                from .ray_cluster import RayBench as open_bench
-            else:
-                open_bench = open_isolated
-            bench: Measurer = DevicePool(self.spec, rs.run_timeout, self.devices, open_bench=open_bench)
-        else:
-            bench = make_measurer(self.spec, rs.isolate, rs.run_timeout)
-        try:
-            to_compile = self._resume_and_validate()
-            self._mark("start")
-            self._compile_and_measure(bench, to_compile)
-            self._mark("compile and measure")
-            self.bar.close()
-            finalists = self._retime_finalists(bench)
-            self._mark("finalist rounds")
-            ref_latency = bench.fetch_ref_latency()
-            best_i = self._pick(finalists, ref_latency)
-            jit, phash = self._winner_kernel(bench, best_i)
-            measured_hash = bench.measured_hash(best_i)
-            self._mark("load the winner")
-        except TuningInputError:
-            if self.db is not None:
-                self.db.discard_run(self.key)  # the problem is wrong: nothing of this run is worth keeping
-            raise
-        finally:
-            self.bar.close()
-            bench.close()
-        best = self.trials[best_i]
-        if phash is not None and rs.recheck and phash != measured_hash:
-            # loaded again here from a PrimFunc other than the one checked in this run (a resumed
-            # trial, or a factory that changed): check what is returned
-            failed = t._verified(jit, self.spec)
-            if failed is not None:
-                raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails its "
-                                  f"check ({failed}); its factory does not give the same kernel twice")
-        self._mark("check the winner")
-        if self.db is not None:
-            self.db.finish_run(self.key, best, ref_latency, phash or prim_hash(jit.prim_func))
-        done = [x for x in self.trials if x is not None]
-        logger.info("tuning phases: %s", ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items()))
-        return TuneResult(t._wrap(jit, self.target), best.config, best.median_ms, ref_latency, done, False,
-                          self.key, time.perf_counter() - self.t_start, str(self.target.spec), phases=self.phases)
+    @property
+    def run_settings(self) -> RunSettings:
+        return self.tuner.run_settings
 
-    def _mark(self, phase: str) -> None:
-        """Seconds since the last mark (since the run started, for the first), for ``TuneResult.phases``."""
-        now = time.perf_counter()
-        self.phases[phase] = now - self._last
-        self._last = now
+    @property
+    def kernel_name(self) -> str:
+        return kernel_name(self.tuner.fn)
 
-    def _record(self, i: int, trial: Trial) -> None:
-        self.trials[i] = trial
-        if self.db is not None:
-            self.db.record_trial(self.key, i, trial)
-        self.bar.update(1)
-        if trial.status != Status.OK:
-            logger.debug("config %s: %s %s", config_label(trial.config), trial.status, error_headline(trial.error))
+    def cached(self, db: TuningDB) -> TuneResult | None:
+        """The stored winner if every check of the warm path passes, else ``None`` (tune it)."""
+        return self.tuner._from_cache(db, self.key, self.target, self.spec, self.t_start)
 
-    def _resume_and_validate(self) -> list[int]:
-        """Take the trials an interrupted run already recorded (if sound), reject configs ``validate``
-        refuses, and return the indices left to compile."""
-        t, db = self.t, self.db
-        if db is not None:
-            meta = {"warmup": self.spec.timing.warmup, "rep": self.spec.timing.rep, "n_jobs": t.run_settings.n_jobs}
-            db.open_run(self.key, kernel_name(t.fn), str(self.target.spec), len(t.configs), meta)
-            try:
-                prior = db.trials(self.key)
-            except DamagedRow as e:
-                _distrust(f"a damaged trial row ({e}) in the interrupted run")
-                db.forget_trials(self.key, range(len(t.configs)))
-                prior = {}
-            bad = [i for i, tr in prior.items() if i >= len(t.configs) or tr.config != t.configs[i]]
-            if bad:
-                _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
-                db.forget_trials(self.key, bad)
-            for i, tr in prior.items():
-                if i not in bad:
-                    self.trials[i] = tr
-                    self.bar.update(1)
-            if len(prior) > len(bad):
-                logger.info("resuming an interrupted tuning run: %d of %d trials already recorded",
-                            len(prior) - len(bad), len(t.configs))
-        to_compile = []
-        for i, cfg in enumerate(t.configs):
-            if self.trials[i] is not None:
-                continue
-            reasons = t._reasons(cfg)
-            if reasons:
-                self._record(i, Trial(cfg, Status.RESOURCE_ERROR, "; ".join(reasons)))
-            else:
-                to_compile.append(i)
-        return to_compile
+    def reasons(self, cfg: dict[str, Any]) -> list[str]:
+        """Why ``validate`` refuses ``cfg`` (empty: it may be compiled)."""
+        return self.tuner._reasons(cfg)
 
-    def _compile_and_measure(self, bench: Measurer, indices: list[int]) -> None:
-        t, rs = self.t, self.t.run_settings
-        outcomes = compile_all(t.fn, t.configs, indices, self.target.spec,
-                               timeout=t.compile_settings.compile_timeout, n_jobs=rs.n_jobs,
-                               pass_configs=t.compile_settings.pass_config_dict, backend=rs.backend)
-        pending: set[Future] = set()
-        with contextlib.closing(outcomes):  # a failure here shuts the compile pool down at once
-            for out in outcomes:
-                cfg = t.configs[out.index]
-                if out.status != Status.OK:
-                    self._record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds))
-                elif isinstance(bench, DevicePool):  # the next free device measures it
-                    pending.add(bench.submit(out.index, cfg, out.seconds))
-                    self._collect(pending, block=False)
-                else:
-                    self._record(out.index, bench.measure(out.index, cfg, out.seconds))
-        while pending:
-            self._collect(pending, block=True)
+    def load(self, cfg: dict[str, Any]) -> tuple[Any, str]:
+        """``cfg`` compiled in this process (a disk-cache hit) and its PrimFunc's hash."""
+        return self.tuner._load(cfg, self.target)
 
-    def _collect(self, pending: set[Future], block: bool) -> None:
-        """Record the trials of the devices that have finished (waiting for one if ``block``)."""
-        done, _ = wait(pending, timeout=None if block else 0, return_when=FIRST_COMPLETED)
-        for fut in done:
-            pending.discard(fut)
-            self._record(*fut.result())
+    def verified(self, jit: Any) -> str | None:
+        """Check a kernel once in this process: ``None`` if it is right, else why not."""
+        return self.tuner._verified(jit, self.spec)
 
-    def _retime_finalists(self, bench: Measurer) -> list[int]:
-        """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
-        round times each finalist once, in a rotated order), so that drift in clocks or load between
-        two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
-        t = self.t.timing_settings
-        ok = sorted((i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK),
-                    key=lambda i: self.trials[i].median_ms)
-        if not ok or len(ok) < 2 and t.timing == "burst":
-            return ok
-        fastest = self.trials[ok[0]].median_ms if ok else 0.0
-        finalists = [i for i in ok if self.trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
-        finalists = (finalists if len(finalists) >= 2 else ok[:2])[: t.max_finalists]
-        rounds: dict[int, list[Any]] = {i: [] for i in finalists}
-        on = bench.finalist_device if isinstance(bench, DevicePool) else None  # every finalist on one device
-        for r in range(t.finalist_rounds):
-            k = r % len(finalists)
-            for i in finalists[k:] + finalists[:k]:
-                if i in rounds:
-                    timing = bench.retime(i, self.trials[i].config)
-                    if timing is None:  # it died or hung when run again: not a kernel to return
-                        old = self.trials[i]
-                        self._record(i, Trial(old.config, Status.RUNTIME_ERROR, "died or hung when re-timed as a "
-                                              "finalist", old.compile_s, device=on))
-                        del rounds[i]
-                    else:
-                        rounds[i].append(timing)
-        for i, timings in rounds.items():
-            medians = [x.median_ms for x in timings]
-            med = statistics.median(medians)
-            old = self.trials[i]
-            self.trials[i] = Trial(old.config, Status.OK, None, old.compile_s, med, min(x.min_ms for x in timings),
-                                   statistics.median(x.iqr_ms for x in timings), len(timings),
-                                   (max(medians) - min(medians)) / med, on)
-            if self.db is not None:
-                self.db.record_trial(self.key, i, self.trials[i])
-        return list(rounds)
-
-    def _pick(self, finalists: list[int], ref_latency: float | None) -> int:
-        """The fastest finalist (all finalists were timed alike), or the fastest ok trial if none."""
-        pool = finalists or [i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK]
-        if not pool:
-            if self.db is not None:
-                self.db.finish_run(self.key, None, ref_latency)
-            raise TuningError(_failure_message([x for x in self.trials if x is not None], self.target))
-        return min(pool, key=lambda i: self.trials[i].median_ms)
-
-    def _winner_kernel(self, bench: Measurer, i: int) -> tuple[Any, str | None]:
-        """The winner's kernel and, when it had to be loaded again here (a TileLang disk-cache hit),
-        its PrimFunc hash, so that the caller checks it; the measured object itself needs no check."""
-        jit = bench.local_kernel(i)
-        if jit is not None:
-            return jit, None
-        return self.t._load(self.trials[i].config, self.target)
-
-
-def _failure_message(trials: list[Trial], target: ResolvedTarget) -> str:
-    counts = Counter(str(t.status) for t in trials)
-    lines = [f"no config survived tuning for {target.spec}: "
-             + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])]
-    for status in STATUSES:
-        first = next((t for t in trials if t.status == status), None)
-        if first is not None and first.error:
-            lines.append(f"  first {status} ({config_label(first.config)}): {error_headline(first.error, 1000)}")
-    return "\n".join(lines)
+    def result(self, jit: Any, best: Trial, ref_latency: float | None, trials: list[Trial],
+               phases: dict[str, float]) -> TuneResult:
+        """The cold run's result; ``jit`` ``None`` when the winner was not loaded here."""
+        kernel = self.tuner._wrap(jit, self.target) if jit is not None else None
+        return TuneResult(kernel, best.config, best.median_ms, ref_latency, trials, False, self.key,
+                          time.perf_counter() - self.t_start, str(self.target.spec), phases=phases)

@@ -5,7 +5,8 @@
 Phases, each saved to ``--out/model_mlp.json`` as it finishes (a run cut short keeps what it has):
 
 1. ``tune``: from cold (fresh tuning database and TileLang cache under ``--out/cache`` unless
-   ``--cache-dir`` names warm ones), record the block at the token counts, tune every key, write the
+   ``--cache-dir`` names warm ones), record the block at the token counts, tune every key (one job:
+   one compile pool and one measuring process for all of them, ``autotuner/job.py``), write the
    table, and compile the served kernels (``mlp.py record-tune``, in this process);
 2. ``serve``: ``mlp.py serve`` twice in fresh processes: first-forward seconds with the table loaded,
    TileLang's own cache-load seconds inside it, nothing timed, the same configs both times;
@@ -137,10 +138,13 @@ def write_md(res: dict, path: Path) -> None:
                          f"{'met' if r['target_met'] else 'missed'} |")
     if res.get("speed_geomean"):
         lines.append(f"\ngeomean speedup {res['speed_geomean']:.3f} (target >= 1.0)")
-    if "tune" in res:
+    if "tune_s" in res.get("tune", {}):  # not when a given --table is served without tuning
         tn = res["tune"]
         lines.append(f"\ntuning from cold: {tn['keys']} distinct keys (18 projection calls) in {tn['tune_s']:.1f} s "
                      f"(target <= 60 s); recording {tn['record_s']:.1f} s, served-kernel compile {tn['warm_s']:.1f} s")
+        if "job" in tn:
+            lines.append(f"\none job of {tn['job']['candidates']} candidates ({tn['job']['warm_keys']} keys warm): "
+                         + ", ".join(f"{k} {v:.1f} s" for k, v in tn["job"]["phases"].items()))
     for i, s in enumerate(res.get("serve", [])):
         if "first_forward_total_s" in s:
             lines.append(f"\nfresh process {i + 1}: first forward (all counts) {s['first_forward_total_s']:.2f} s, of "

@@ -12,8 +12,9 @@ config dataclass (a :class:`TemplateConfig`):
 
 :class:`TemplateBase` turns those into the rest, once for every family: the target resolved once
 (:meth:`TemplateBase.resolve`, which also picks the GPU the carver models), ``compile``, ``tuner``
-(the configured :class:`autotuner.AutoTuner`) and ``tune``. What ``tune`` accepts beyond the problem
-is one :class:`TuneOptions`, shared by every family, so a setting has one name and one default.
+(the configured :class:`autotuner.AutoTuner`), ``tune`` and ``tune_many`` (a list of problems as
+one tuning job). What ``tune`` accepts beyond the problem is one :class:`TuneOptions`, shared by
+every family, so a setting has one name and one default.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ class Template(Protocol):
     def compile(self, problem: Any, config: Any = None, target: Any = "auto", arch: Any = None) -> Any: ...
     def tuner(self, problem: Any, options: TuneOptions | None = None) -> AutoTuner: ...
     def tune(self, problem: Any, options: TuneOptions | None = None) -> Callable[..., Any]: ...
+    def tune_many(self, problems: Iterable[Any], options: TuneOptions | None = None) -> list[Callable[..., Any]]: ...
 
 
 class TemplateBase:
@@ -348,3 +350,25 @@ class TemplateBase:
         if not isinstance(options, TuneOptions):
             raise TypeError(f"options must be a TuneOptions, got {options!r}")
         return self.tuner(problem, options).run(warmup=options.warmup, rep=options.rep).kernel
+
+    def tune_many(self, problems: Iterable[Any], options: TuneOptions | None = None) -> list[Callable[..., Any]]:
+        """:meth:`tune` for every problem, as one job (:func:`autotuner.tune_all`: one compile pool and one
+        measuring process for all their candidates, one progress bar); the kernels, in order. Every
+        problem is checked, and its tuner built, before anything compiles; stored winners are warm hits;
+        a problem that fails does not stop the others (their winners are stored, then its error raised)."""
+        from autotuner import tune_all
+
+        options = TuneOptions() if options is None else options
+        if not isinstance(options, TuneOptions):
+            raise TypeError(f"options must be a TuneOptions, got {options!r}")
+        problems = list(problems)
+        plans = [self.tuner(p, options).plan(options.warmup, options.rep, label=self._label(p)) for p in problems]
+        return [r.kernel for r in tune_all(plans, progress=options.progress)]
+
+    def _label(self, problem: Any) -> str:
+        """A problem's short name in a job's progress bar: the family and its sizes (``matmul 512x14336x4096``)."""
+        import dataclasses
+
+        sizes = [v for v in (dataclasses.astuple(problem) if dataclasses.is_dataclass(problem) else ())
+                 if isinstance(v, int) and not isinstance(v, bool)]
+        return f"{self.name} " + "x".join(map(str, sizes)) if sizes else f"{self.name} {problem!r}"

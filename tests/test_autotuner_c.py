@@ -103,12 +103,12 @@ def test_nothing_survives_says_what_failed():
 
 def test_second_run_is_served_from_the_database(monkeypatch):
     first = tune(add, GRID[:3])
-    import autotuner.tuner as tuner_mod
+    import autotuner.job as job_mod
 
     def no_compile(*a, **k):
         raise AssertionError("a warm run must not compile candidates")
 
-    monkeypatch.setattr(tuner_mod, "compile_all", no_compile)
+    monkeypatch.setattr(job_mod, "compile_many", no_compile)
     second = tune(add, GRID[:3])
     assert second.from_cache and second.config == first.config and second.latency == first.latency
     assert [t.status for t in second.trials] == [t.status for t in first.trials]
@@ -241,7 +241,7 @@ def test_a_crashing_or_endless_kernel_costs_one_trial_not_the_run():
 
 def test_an_interrupted_run_resumes_without_measuring_again(monkeypatch):
     import autotuner.bench as bench_mod
-    import autotuner.tuner as tuner_mod
+    import autotuner.job as job_mod
 
     configs = [dict(block_M=bm, block_N=32) for bm in (16, 32, 64)]
     real_measure = bench_mod.Bench.measure
@@ -262,13 +262,13 @@ def test_an_interrupted_run_resumes_without_measuring_again(monkeypatch):
         run()
     monkeypatch.setattr(bench_mod.Bench, "measure", real_measure)
     compiled = []
-    real_compile_all = tuner_mod.compile_all
+    real_compile_many = job_mod.compile_many
 
-    def counting(fn, cfgs, indices, *a, **k):
-        compiled.extend(indices)
-        return real_compile_all(fn, cfgs, indices, *a, **k)
+    def counting(batches, **k):
+        compiled.extend(i for b in batches for i in b.indices)
+        return real_compile_many(batches, **k)
 
-    monkeypatch.setattr(tuner_mod, "compile_all", counting)
+    monkeypatch.setattr(job_mod, "compile_many", counting)
     result = run()
     assert not result.from_cache
     assert sorted(compiled) == sorted(set(range(3)) - {calls[0]})  # the measured one is not redone

@@ -104,7 +104,7 @@ def test_keys_are_checked_up_front():
 
 # ------------------------------------------------------------------------------------ serving
 def test_fallback_is_logged_once_per_key_counted_and_never_timed(tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("something was tuned"))
+    monkeypatch.setattr(autotuner.AutoTuner, "plan", lambda *a, **k: pytest.fail("something was tuned"))
     kk = make_keyed(tmp_path / "db.sqlite")
     with caplog.at_level(logging.INFO, logger="autotuner.keyed"):
         for m in (3, 5, 40, 7, 3, 3):  # a repeated shape takes the fast path and is still counted
@@ -136,7 +136,7 @@ def test_record_collects_each_bucket_key_once(tuned):
 
 
 def test_the_database_serves_a_tuned_key_without_tuning(tuned, monkeypatch):
-    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("something was tuned"))
+    monkeypatch.setattr(autotuner.AutoTuner, "plan", lambda *a, **k: pytest.fail("something was tuned"))
     fresh = make_keyed(tuned.db)
     assert fresh.config_for(key(3)) == (tuned.kk.config_for(key(3))[0], "database")
     assert fresh.stats["database"] == 1 and fresh.stats["compiles"] == 0
@@ -249,7 +249,7 @@ def test_a_fresh_process_serves_the_table_without_timing(tuned, tmp_path):
         import json, sys
         sys.path.insert(0, {str(TESTS)!r})
         import torch, autotuner
-        autotuner.AutoTuner.run = lambda *a, **k: sys.exit("tuned in a fresh process")
+        autotuner.AutoTuner.plan = lambda *a, **k: sys.exit("tuned in a fresh process")
         from kernels.keyed_kernels import make_keyed, key_of
         kk = make_keyed()
         autotuner.use_table({str(tuned.path)!r}, target="c")
@@ -278,7 +278,7 @@ def test_a_fresh_process_serves_the_table_without_timing(tuned, tmp_path):
 def test_no_tuning_inside_cuda_graph_capture(tmp_path, monkeypatch):
     assert autotuner.keyed.capturing() is False  # no GPU here
     monkeypatch.setattr(autotuner.keyed, "capturing", lambda: True)
-    monkeypatch.setattr(autotuner.AutoTuner, "run", lambda *a, **k: pytest.fail("tuned during capture"))
+    monkeypatch.setattr(autotuner.AutoTuner, "plan", lambda *a, **k: pytest.fail("tuned during capture"))
     kk = make_keyed(tmp_path / "db.sqlite", tune_on_miss=True)
     with pytest.raises(TuningError, match="CUDA graph is being captured"):
         kk.tune(key(3))

@@ -182,27 +182,32 @@ class FakeBench:
 
     lost: set[int] = set()
 
-    def __init__(self, spec, run_timeout, device):
+    def __init__(self, specs, run_timeout, device):
         self.index = device.index
+        self.released = []
 
     def _check(self):
         if self.index in self.lost:
             raise DeviceLost(f"node of device {self.index} gone")
 
-    def measure(self, index, cfg, compile_s):
+    def measure(self, sid, index, cfg, compile_s):
         self._check()
         time.sleep(0.02)  # the other device takes jobs meanwhile
         return Trial(cfg, Status.OK, None, compile_s, 1.0 + index, 1.0, 0.0)
 
-    def retime(self, index, cfg):
+    def retime(self, sid, index, cfg):
         self._check()
         return Timing(float(self.index), 0.0, 0.0, 1)
 
-    def fetch_ref_latency(self):
+    def fetch_ref_latency(self, sid):
         return None
 
-    def measured_hash(self, index):
+    def measured_hash(self, sid, index):
         return None
+
+    def release(self, sid):
+        self._check()
+        self.released.append(sid)
 
     def abort(self):
         pass
@@ -213,18 +218,21 @@ class FakeBench:
 
 def fake_pool(monkeypatch, lost):
     monkeypatch.setattr(FakeBench, "lost", set(lost))
-    return DevicePool(None, 10, [Device(1, "cpu:1", "cpu"), Device(0, "cpu:0", "cpu")], open_bench=FakeBench)
+    return DevicePool([None], 10, [Device(1, "cpu:1", "cpu"), Device(0, "cpu:0", "cpu")], open_bench=FakeBench)
 
 
 def test_a_lost_device_hands_its_job_on_and_the_rest_finish(monkeypatch):
     pool = fake_pool(monkeypatch, lost={1})
     try:
-        futures = [pool.submit(i, {"block_M": i}, 0.5) for i in range(6)]
-        results = sorted(f.result(timeout=30) for f in futures)
-        assert [i for i, _ in results] == list(range(6))  # not one candidate lost with the device
-        assert {t.device for _, t in results} == {"cpu:0"}
+        futures = [pool.submit(0, i, {"block_M": i}, 0.5) for i in range(6)]
+        results = sorted((f.result(timeout=30) for f in futures), key=lambda t: t.config["block_M"])
+        assert [t.config["block_M"] for t in results] == list(range(6))  # not one candidate lost with the device
+        assert {t.device for t in results} == {"cpu:0"}
         assert pool.finalist_device == "cpu:0"  # the first listed is gone: the next one re-times the finalists
-        assert pool.retime(0, {"block_M": 0}).median_ms == 0.0  # cpu:0's timing
+        assert pool.retime(0, 0, {"block_M": 0}).median_ms == 0.0  # cpu:0's timing
+        pool.release(0)  # only the device left frees the problem's inputs
+        pool.retime(0, 1, {"block_M": 1})  # runs after the release on the same thread
+        assert [w.bench.released for w in pool._workers if w.bench.index == 0] == [[0]]
     finally:
         pool.close()
 
@@ -232,12 +240,12 @@ def test_a_lost_device_hands_its_job_on_and_the_rest_finish(monkeypatch):
 def test_when_every_device_is_lost_the_run_fails_with_the_reason(monkeypatch):
     pool = fake_pool(monkeypatch, lost={0, 1})
     try:
-        futures = [pool.submit(i, {"block_M": i}, 0.5) for i in range(3)]
+        futures = [pool.submit(0, i, {"block_M": i}, 0.5) for i in range(3)]
         for f in futures:
             with pytest.raises(TuningError, match="every measuring device was lost.*node of device"):
                 f.result(timeout=30)
         with pytest.raises(TuningError, match="every measuring device was lost"):
-            pool.submit(3, {"block_M": 3}, 0.5)
+            pool.submit(0, 3, {"block_M": 3}, 0.5)
     finally:
         pool.close()
 

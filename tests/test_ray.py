@@ -130,18 +130,48 @@ def test_a_rerun_measures_only_what_the_interrupted_run_did_not_record(ray_run, 
     with sqlite3.connect(db) as conn:  # as if the run had been killed before these two trials and its end
         conn.execute("UPDATE runs SET finished=NULL, best_config=NULL")
         conn.execute("DELETE FROM trials WHERE idx IN (2, 4)")
-    compiled: list[int] = []
+    compiled: list[dict] = []
     real = ray_cluster.compile_on_ray
 
     def spy(tasks, n_jobs):
-        compiled.extend(t[3] for t in tasks)
+        compiled.extend(t[4] for t in tasks)  # (payload, globals, sources, position, config, ...)
         return real(tasks, n_jobs)
 
     monkeypatch.setattr(ray_cluster, "compile_on_ray", spy)
     result = tuner(backend="ray", devices=[1, 0], db_path=str(db), run_timeout=60).run(1, 3)
-    assert sorted(compiled) == [2, 4]  # the crashing config 0 and the others were not run again
+    assert compiled == [CONFIGS[2], CONFIGS[4]]  # the crashing config 0 and the others were not run again
     assert result.config == WINNER and not result.from_cache
     assert [t.status for t in result.trials] == ["runtime_error"] + ["ok"] * 4
+
+
+@needs_ray
+def test_a_job_of_several_problems_runs_on_one_set_of_actors(local_ray, tmp_path, monkeypatch):
+    """tune_all on Ray (issue 13's model-scale jobs): three problems, one compile stream storing each kernel
+    once, one actor per device holding every problem, each problem's winner right."""
+    from kernels.c_kernels import add, ref_add
+
+    from autotuner import AutoTuner, tune_all
+
+    actors: list = []
+    real_init = ray_cluster.RayBench.__init__
+
+    def spy(self, specs, run_timeout, device):
+        actors.append((device.label, len(specs)))
+        real_init(self, specs, run_timeout, device)
+
+    monkeypatch.setattr(ray_cluster.RayBench, "__init__", spy)
+    plans = [AutoTuner.from_kernel(add, [dict(block_M=m, block_N=n) for m in (16, 32)])
+             .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+             .set_tuning(backend="ray", devices=[1, 0], progress=False, db_path=str(tmp_path / "db.sqlite"))
+             .plan(1, 3) for n in (16, 32, 64)]
+    results = tune_all(plans)
+    assert sorted(actors) == [("ray:0", 3), ("ray:1", 3)]  # one actor per device for the whole job
+    assert len({r.key for r in results}) == 3
+    for r in results:
+        assert [str(t.status) for t in r.trials] == ["ok", "ok"]
+        assert {t.device for t in r.trials if t.rounds} == {"ray:1"}  # finalists on the first listed
+        a, b = torch.randn(256, 256), torch.randn(256, 256)
+        torch.testing.assert_close(r.kernel(a, b), a + b)
 
 
 @needs_ray

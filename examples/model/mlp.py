@@ -9,7 +9,7 @@ weights). ``record-tune`` runs it at the token counts 1, 16, 128, 512, 2048 and 
 ``autotuner.record()``, tunes every key met (gate and up share their shape, so 3 projections x 6
 counts are 12 distinct keys), writes the table (to ``--table``, else a new temp dir; never the working
 directory), and runs the block once more so that TileLang's disk cache holds the served kernels.
-``serve`` loads the table, refuses to tune (``AutoTuner.run`` raises), runs the block at every count,
+``serve`` loads the table, refuses to tune (``AutoTuner.plan`` raises), runs the block at every count,
 prints the config each key got and where from, asserts they all came from the table, and prints one
 JSON line (first-forward seconds, configs, counters) last.
 
@@ -93,14 +93,29 @@ def record_tune(args: argparse.Namespace) -> dict:
         print(f"  {name} {key}")
     path = rec.tune(table)
     t2 = time.perf_counter()
-    print(f"tuned {len(rec.keys)} keys in {t2 - t1:.1f} s; table: {path}", flush=True)
+    job = job_summary(rec.results)
+    print(f"tuned {len(rec.keys)} keys in {t2 - t1:.1f} s ({job['candidates']} candidates in one job: "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in job["phases"].items()) + f"); table: {path}", flush=True)
     with torch.inference_mode():  # the served kernels (one per bucket) into TileLang's disk cache
         for x in xs.values():
             block(x)
     torch.cuda.synchronize()
     t3 = time.perf_counter()
     print(f"compiled the served kernels in {t3 - t2:.1f} s")
-    return {"table": str(path), "keys": len(rec.keys), "record_s": t1 - t0, "tune_s": t2 - t1, "warm_s": t3 - t2}
+    return {"table": str(path), "keys": len(rec.keys), "record_s": t1 - t0, "tune_s": t2 - t1, "warm_s": t3 - t2,
+            "job": job}
+
+
+def job_summary(results: list) -> dict:
+    """Where the tuning job spent its seconds: its own steps (shared by every key) and, summed over the
+    keys, each key's finalist rounds and winner; how many candidates, how many keys were warm hits."""
+    cold = [r for r in results if not r.from_cache]
+    phases = dict(list(cold[0].phases.items())[:2]) if cold else {}  # the job's start, compile and measure
+    for r in cold:
+        for k, v in list(r.phases.items())[2:]:
+            phases[k] = phases.get(k, 0.0) + v
+    return {"candidates": sum(len(r.trials) for r in results), "warm_keys": len(results) - len(cold),
+            "phases": phases}
 
 
 def serve(args: argparse.Namespace) -> dict:
@@ -108,9 +123,9 @@ def serve(args: argparse.Namespace) -> dict:
     from autotuner import keyed
 
     def refuse(*a: object, **k: object) -> None:
-        raise AssertionError("serve must not tune: AutoTuner.run was called")
+        raise AssertionError("serve must not tune: AutoTuner.plan was called")
 
-    autotuner.AutoTuner.run = refuse  # nothing may be timed in this process
+    autotuner.AutoTuner.plan = refuse  # nothing may be tuned (every run and job plans first) in this process
     compile_s = [0.0]
     original = keyed.KeyedKernel._compile
 

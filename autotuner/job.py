@@ -1,0 +1,449 @@
+"""A tuning job: many problems (a model's keys, a list of shapes) tuned in one call, as fast as one.
+
+:func:`tune_all` takes plans (:meth:`AutoTuner.plan`); ``AutoTuner.run`` is the job of one plan and
+``Recording.tune`` the job of every recorded key. Tuning problems one after another would drain and
+refill the compile pool and start a measuring process per problem, the GPU idle while each compiles.
+A job instead:
+
+1. serves every plan whose finished run in the database passes the warm path's checks;
+2. starts ONE measuring side for the rest, at once, so that its imports overlap with compiling: an
+   isolated measuring process holding every plan's spec (one per device with
+   ``set_tuning(devices=...)``, one Ray actor per GPU with ``backend="ray"``; this process with
+   ``isolate=False``);
+3. resumes each plan's interrupted trials, records the configs ``validate`` refuses, and sends every
+   remaining candidate of every plan to ONE compile pool, plan after plan, so that a plan's candidates
+   finish close together: its inputs live on the measuring side only while they are measured (made at
+   its first candidate, freed after its last). Each candidate is checked and timed as it finishes
+   compiling;
+4. once the pool has drained (compilation no longer competes for the CPU), takes each plan in turn:
+   its finalists re-timed in interleaved rounds on inputs made again (same seed, same data), the pick,
+   the winner loaded (unless ``load_kernels=False``) and stored, its inputs freed again.
+
+Every trial is written to the database as it arrives, so a job cut short resumes where it stopped;
+each plan is judged exactly as a run of its own would judge it (same checks, same pick). A failing
+config is a trial; a plan that fails (no config survived, a wrong reference) does not stop the
+others. One tqdm bar counts every candidate of the job; with several plans its postfix names the one
+being measured and how many are done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import statistics
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any
+
+from . import procs
+from .bench import Measurer, make_measurer
+from .cache import DamagedRow, TuningCacheWarning, TuningDB, prim_hash
+from .compile import CompileBatch, compile_many
+from .config import config_label
+from .devices import DevicePool, open_isolated
+from .errors import TuningError, TuningInputError
+from .logs import tilelang_logs_for_run
+from .settings import check_setting
+from .trial import STATUSES, Status, Trial, error_headline
+from .tuner import AutoTuner, Plan, TuneResult
+
+__all__ = ["raise_errors", "tune_all"]
+
+logger = logging.getLogger(__name__)
+
+#: The run settings a job shares (one pool, one measuring side); plans that differ go in separate jobs.
+_SHARED = ("n_jobs", "backend", "isolate", "run_timeout", "devices", "allow_mixed_devices")
+
+
+def tune_all(plans: Iterable[Plan | AutoTuner], *, progress: bool | None = None, load_kernels: bool = True,
+             errors: str = "raise") -> list[Any]:
+    """Tune every plan as one job (see the module docstring); their results, in order.
+
+    * ``plans``: :meth:`AutoTuner.plan` results (a bare ``AutoTuner`` is planned with its defaults).
+    * ``progress``: the job's one bar (total: every candidate); ``None``: on if any plan's
+      ``set_tuning(progress=...)`` is.
+    * ``load_kernels``: load each winner in this process (``TuneResult.kernel``). ``False`` leaves it
+      ``None`` (keyed kernels compile their own served kernels) unless the winner had to be loaded to
+      be checked (one measured by an earlier, interrupted run).
+    * ``errors``: ``"raise"``: once every plan is done, a failed plan's exception (``TuningError``,
+      ``TuningInputError``) is raised, several as one ``TuningError`` naming each; ``"return"``: the
+      exception takes the failed plan's place in the list.
+
+    Plans that differ in how candidates are compiled or measured (``n_jobs``, ``backend``, ``isolate``,
+    ``run_timeout``, ``devices``, or a target of another kind) are tuned in separate jobs, in turn.
+    """
+    if errors not in ("raise", "return"):
+        raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
+    check_setting("progress", progress if progress is not None else True)
+    if not isinstance(load_kernels, bool):
+        raise TypeError(f"load_kernels must be True or False, got {load_kernels!r}")
+    plans = [p.plan() if isinstance(p, AutoTuner) else p for p in plans]
+    for p in plans:
+        if not isinstance(p, Plan):
+            raise TypeError(f"tune_all takes AutoTuner.plan(...) results or AutoTuners, got {p!r}")
+    first: dict[str, int] = {}  # a problem asked for twice (same database key) is tuned once
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(plans):
+        if first.setdefault(p.key, i) == i:
+            shared = tuple(getattr(p.run_settings, name) for name in _SHARED) + (p.target.kind,)
+            groups.setdefault(shared, []).append(i)
+    out: list[Any] = [None] * len(plans)
+    for slots in groups.values():
+        on = progress if progress is not None else any(plans[i].run_settings.progress for i in slots)
+        for i, r in zip(slots, _Job([plans[i] for i in slots], on, load_kernels).run()):
+            out[i] = r
+    out = [out[first[p.key]] for p in plans]
+    if errors == "raise":
+        raise_errors([p.label for p in plans], out)
+    return out
+
+
+def raise_errors(labels: list[str], outcomes: list[Any]) -> None:
+    """Raise the failures among a job's outcomes: one as it is, several as one ``TuningError`` naming each
+    (by its label) and chained from the first; nothing when every plan was tuned."""
+    failed = [(label, r) for label, r in zip(labels, outcomes) if isinstance(r, BaseException)]
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        lines = "\n".join(f"  {label}: {type(e).__name__}: {error_headline(str(e), 300)}" for label, e in failed)
+        raise TuningError(f"{len(failed)} of {len(outcomes)} problems failed to tune:\n{lines}") from failed[0][1]
+
+
+def _distrust(why: str) -> None:
+    warnings.warn(f"not using the stored tuning result: {why}; tuning again", TuningCacheWarning, stacklevel=5)
+
+
+class _Job:
+    """Plans that share a compile pool and a measuring side. :meth:`run` reads as the module docstring."""
+
+    def __init__(self, plans: list[Plan], progress: bool, load_kernels: bool) -> None:
+        self.plans, self.progress, self.load_kernels = plans, progress, load_kernels
+        self.bar: Any = None
+        self.runs: list[_PlanRun] = []
+        self.phases: dict[str, float] = {}  # the job's own steps, in every plan's TuneResult.phases
+        self._last = time.perf_counter()
+
+    def run(self) -> list[Any]:
+        out: list[Any] = [None] * len(self.plans)
+        dbs: dict[str, TuningDB] = {}
+        with tilelang_logs_for_run(self.progress), procs.run_scratch():
+            try:
+                for slot, plan in enumerate(self.plans):
+                    rs = plan.run_settings
+                    db = None
+                    if rs.cache:
+                        db = dbs.get(str(rs.db_path))
+                        if db is None:
+                            db = dbs[str(rs.db_path)] = TuningDB(rs.db_path)
+                    try:
+                        hit = plan.cached(db) if db is not None else None
+                    except TuningError as e:  # the stored winner's factory hangs: this plan's failure
+                        out[slot] = e
+                        continue
+                    if hit is not None:
+                        out[slot] = hit
+                    else:
+                        self.runs.append(_PlanRun(self, len(self.runs), slot, plan, db))
+                if self.runs:
+                    self._tune()
+                    for r in self.runs:
+                        out[r.slot] = r.outcome
+            finally:
+                for db in dbs.values():
+                    db.close()
+        return out
+
+    def _tune(self) -> None:
+        from tqdm import tqdm  # a plain bar on stderr, also in notebooks
+
+        runs, first = self.runs, self.runs[0].plan
+        rs = first.run_settings
+        self._last = time.perf_counter()
+        self.bar = tqdm(total=sum(len(r.plan.configs) for r in runs), desc="tuning", unit="cfg", file=sys.stderr,
+                        disable=not self.progress, leave=False)
+        specs = [r.plan.spec for r in runs]
+        if first.devices:  # backend="ray" always has its devices: one actor each
+            if rs.backend == "ray":
+                from .ray_cluster import RayBench as open_bench
+            else:
+                open_bench = open_isolated
+            bench: Measurer = DevicePool(specs, rs.run_timeout, first.devices, open_bench=open_bench)
+        else:
+            bench = make_measurer(specs, rs.isolate, rs.run_timeout)
+        if len(runs) > 1:
+            logger.info("tuning %d problems (%d candidates) in one job", len(runs), self.bar.total)
+        try:
+            todo = [r.resume_and_validate() for r in runs]
+            self._mark("start")
+            self._compile_and_measure(bench, todo)
+            self._mark("compile and measure")
+            self.bar.close()
+            for r in runs:
+                if r.outcome is None:
+                    r.finish(bench)
+        finally:
+            self.bar.close()
+            bench.close()
+
+    def _mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases[phase] = now - self._last
+        self._last = now
+
+    def show(self, current: _PlanRun) -> None:
+        """The bar's postfix: plans done, and the plan whose candidate was recorded last."""
+        if len(self.runs) > 1:
+            done = sum(r.outcome is not None or r.left == 0 for r in self.runs)
+            self.bar.set_postfix_str(f"{done}/{len(self.runs)} done; {current.plan.label} "
+                                     f"{current.counted}/{len(current.plan.configs)}", refresh=False)
+
+    def _compile_and_measure(self, bench: Measurer, todo: list[list[int]]) -> None:
+        runs = self.runs
+        rs = runs[0].plan.run_settings
+        batches = []
+        for r, indices in zip(runs, todo):
+            cs = r.plan.tuner.compile_settings
+            batches.append(CompileBatch(r.plan.tuner.fn, r.plan.configs, indices, r.plan.target.spec,
+                                        cs.compile_timeout, cs.pass_config_dict))
+            r.left = len(indices)
+        outcomes = compile_many(batches, n_jobs=rs.n_jobs, backend=rs.backend)
+        pending: dict[Future, tuple[_PlanRun, int]] = {}
+        with contextlib.closing(outcomes):  # a failure here shuts the compile pool down at once
+            for out in outcomes:
+                r = runs[out.batch]
+                if r.outcome is not None:  # the plan has failed (its reference): the rest of it is dropped
+                    continue
+                cfg = r.plan.configs[out.index]
+                if out.status != Status.OK:
+                    r.record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds), bench)
+                elif isinstance(bench, DevicePool):  # the next free device measures it
+                    pending[bench.submit(r.sid, out.index, cfg, out.seconds)] = (r, out.index)
+                    self._collect(bench, pending, block=False)
+                else:
+                    r.measured(out.index, functools.partial(bench.measure, r.sid, out.index, cfg, out.seconds), bench)
+                if any(x.outcome is not None for x in runs) and all(x.outcome is not None or x.left == 0
+                                                                     for x in runs):
+                    break  # what is left in the pool belongs to failed plans: stop it
+        while pending:
+            self._collect(bench, pending, block=True)
+
+    @staticmethod
+    def _drop_failed(pending: dict[Future, tuple[_PlanRun, int]]) -> None:
+        """Stop waiting for candidates of plans that have failed (not started ones are cancelled)."""
+        for fut, (r, _) in list(pending.items()):
+            if r.outcome is not None:
+                fut.cancel()
+                del pending[fut]
+
+    def _collect(self, bench: Measurer, pending: dict[Future, tuple[_PlanRun, int]], block: bool) -> None:
+        """Record the trials of the devices that have finished (waiting for one if ``block``)."""
+        done, _ = wait(pending, timeout=None if block else 0, return_when=FIRST_COMPLETED)
+        for fut in done:
+            if fut in pending:
+                r, i = pending.pop(fut)
+                if r.outcome is None:
+                    r.measured(i, fut.result, bench)
+        self._drop_failed(pending)
+
+
+class _PlanRun:
+    """One plan's part of a job: its trials, resumed, recorded and judged as a run of its own would."""
+
+    def __init__(self, job: _Job, sid: int, slot: int, plan: Plan, db: TuningDB | None) -> None:
+        self.job, self.sid, self.slot, self.plan, self.db = job, sid, slot, plan, db
+        self.trials: list[Trial | None] = [None] * len(plan.configs)
+        self.counted = 0  # trials on the bar
+        self.left = 0  # candidates sent to compile and not yet recorded
+        self.outcome: TuneResult | BaseException | None = None
+
+    def _store(self, i: int, trial: Trial) -> None:
+        self.trials[i] = trial
+        if self.db is not None:
+            self.db.record_trial(self.plan.key, i, trial)
+
+    def _note(self, i: int, trial: Trial) -> None:
+        """Store a trial and count it on the bar."""
+        self._store(i, trial)
+        self.counted += 1
+        self.job.bar.update(1)
+        if trial.status != Status.OK:
+            logger.debug("config %s: %s %s", config_label(trial.config), trial.status, error_headline(trial.error))
+
+    def record(self, i: int, trial: Trial, bench: Measurer) -> None:
+        """A compiled candidate's trial; after the last, its inputs are freed on the measuring side."""
+        self._note(i, trial)
+        self.left -= 1
+        if self.left == 0:
+            bench.release(self.sid)
+        self.job.show(self)
+
+    def measured(self, i: int, measure: Callable[[], Trial], bench: Measurer) -> None:
+        """Record ``measure()``'s trial, or fail the plan if its problem is wrong (``TuningInputError``)."""
+        try:
+            trial = measure()
+        except TuningInputError as e:
+            self.fail(e, bench)
+        else:
+            self.record(i, trial, bench)
+
+    def fail(self, error: BaseException, bench: Measurer) -> None:
+        """The problem itself is wrong: nothing of this plan is worth keeping; the job goes on."""
+        self.outcome = error
+        if self.db is not None:
+            self.db.discard_run(self.plan.key)
+        self.job.bar.update(len(self.plan.configs) - self.counted)
+        self.counted = len(self.plan.configs)
+        bench.release(self.sid)
+
+    def resume_and_validate(self) -> list[int]:
+        """Take the trials an interrupted run already recorded (if sound), reject configs ``validate``
+        refuses, and return the indices left to compile."""
+        plan, db, configs = self.plan, self.db, self.plan.configs
+        if db is not None:
+            t = plan.spec.timing
+            db.open_run(plan.key, plan.kernel_name, str(plan.target.spec), len(configs),
+                        {"warmup": t.warmup, "rep": t.rep, "n_jobs": plan.run_settings.n_jobs})
+            try:
+                prior = db.trials(plan.key)
+            except DamagedRow as e:
+                _distrust(f"a damaged trial row ({e}) in the interrupted run")
+                db.forget_trials(plan.key, range(len(configs)))
+                prior = {}
+            bad = [i for i, tr in prior.items() if i >= len(configs) or tr.config != configs[i]]
+            if bad:
+                _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
+                db.forget_trials(plan.key, bad)
+            for i, tr in prior.items():
+                if i not in bad:
+                    self.trials[i] = tr
+                    self.counted += 1
+                    self.job.bar.update(1)
+            if len(prior) > len(bad):
+                logger.info("resuming an interrupted tuning run of %s: %d of %d trials already recorded",
+                            plan.label, len(prior) - len(bad), len(configs))
+        to_compile = []
+        for i, cfg in enumerate(configs):
+            if self.trials[i] is not None:
+                continue
+            reasons = plan.reasons(cfg)
+            if reasons:
+                self._note(i, Trial(cfg, Status.RESOURCE_ERROR, "; ".join(reasons)))
+            else:
+                to_compile.append(i)
+        return to_compile
+
+    def finish(self, bench: Measurer) -> None:
+        """Finalist rounds, the pick, the winner loaded and checked as needed, stored: ``self.outcome``."""
+        plan, db = self.plan, self.db
+        phases = dict(self.job.phases)
+        last = time.perf_counter()
+
+        def mark(phase: str) -> None:
+            nonlocal last
+            now = time.perf_counter()
+            phases[phase], last = now - last, now
+
+        try:
+            try:
+                finalists = self._retime_finalists(bench)
+                mark("finalist rounds")
+                ref_latency = bench.fetch_ref_latency(self.sid)
+                best_i = self._pick(finalists, ref_latency)
+                jit, phash = self._winner_kernel(bench, best_i)
+                measured_hash = bench.measured_hash(self.sid, best_i)
+                mark("load the winner")
+            finally:
+                bench.release(self.sid)
+            best = self.trials[best_i]
+            if phash is not None and plan.run_settings.recheck and phash != measured_hash:
+                # loaded again here from a PrimFunc other than the one checked in this run (a resumed
+                # trial, or a factory that changed): check what is returned
+                failed = plan.verified(jit)
+                if failed is not None:
+                    raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails "
+                                      f"its check ({failed}); its factory does not give the same kernel twice")
+            mark("check the winner")
+        except TuningInputError as e:
+            if db is not None:
+                db.discard_run(plan.key)  # the problem is wrong: nothing of this run is worth keeping
+            self.outcome = e
+            return
+        except TuningError as e:
+            self.outcome = e
+            return
+        if db is not None:
+            db.finish_run(plan.key, best, ref_latency,
+                          phash or (prim_hash(jit.prim_func) if jit is not None else measured_hash))
+        logger.info("tuning phases of %s: %s", plan.label, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
+        self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases)
+
+    def _retime_finalists(self, bench: Measurer) -> list[int]:
+        """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
+        round times each finalist once, in a rotated order), so that drift in clocks or load between
+        two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
+        t, trials = self.plan.spec.timing, self.trials
+        ok = sorted((i for i, tr in enumerate(trials) if tr is not None and tr.status == Status.OK),
+                    key=lambda i: trials[i].median_ms)
+        if not ok or len(ok) < 2 and t.timing == "burst":
+            return ok
+        fastest = trials[ok[0]].median_ms
+        finalists = [i for i in ok if trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
+        finalists = (finalists if len(finalists) >= 2 else ok[:2])[: t.max_finalists]
+        rounds: dict[int, list[Any]] = {i: [] for i in finalists}
+        on = bench.finalist_device if isinstance(bench, DevicePool) else None  # every finalist on one device
+        for r in range(t.finalist_rounds):
+            k = r % len(finalists)
+            for i in finalists[k:] + finalists[:k]:
+                if i in rounds:
+                    timing = bench.retime(self.sid, i, trials[i].config)
+                    if timing is None:  # it died or hung when run again: not a kernel to return
+                        old = trials[i]
+                        self._store(i, Trial(old.config, Status.RUNTIME_ERROR, "died or hung when re-timed as a "
+                                             "finalist", old.compile_s, device=on))
+                        del rounds[i]
+                    else:
+                        rounds[i].append(timing)
+        for i, timings in rounds.items():
+            medians = [x.median_ms for x in timings]
+            med = statistics.median(medians)
+            old = trials[i]
+            self._store(i, Trial(old.config, Status.OK, None, old.compile_s, med, min(x.min_ms for x in timings),
+                                 statistics.median(x.iqr_ms for x in timings), len(timings),
+                                 (max(medians) - min(medians)) / med, on))
+        return list(rounds)
+
+    def _pick(self, finalists: list[int], ref_latency: float | None) -> int:
+        """The fastest finalist (all finalists were timed alike), or the fastest ok trial if none."""
+        pool = finalists or [i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK]
+        if not pool:
+            if self.db is not None:
+                self.db.finish_run(self.plan.key, None, ref_latency)
+            raise TuningError(_failure_message([x for x in self.trials if x is not None], str(self.plan.target.spec)))
+        return min(pool, key=lambda i: self.trials[i].median_ms)
+
+    def _winner_kernel(self, bench: Measurer, i: int) -> tuple[Any, str | None]:
+        """The winner's kernel and, when it had to be loaded again here (a TileLang disk-cache hit), its
+        PrimFunc hash, so that the caller checks it; the measured object itself needs no check. Not
+        loaded (``None, None``) when the job does not load kernels and the winner was measured in it."""
+        jit = bench.local_kernel(self.sid, i)
+        if jit is not None:
+            return jit, None
+        if not self.job.load_kernels and bench.measured_hash(self.sid, i) is not None:
+            return None, None
+        return self.plan.load(self.trials[i].config)
+
+
+def _failure_message(trials: list[Trial], target: str) -> str:
+    counts = Counter(str(t.status) for t in trials)
+    lines = [f"no config survived tuning for {target}: "
+             + ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])]
+    for status in STATUSES:
+        first = next((t for t in trials if t.status == status), None)
+        if first is not None and first.error:
+            lines.append(f"  first {status} ({config_label(first.config)}): {error_headline(first.error, 1000)}")
+    return "\n".join(lines)
