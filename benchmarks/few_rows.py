@@ -1,0 +1,167 @@
+"""GEMMs with few rows (a model's 64-512 tokens against its weights): how far the carver's candidates are
+from the best of a wide search, and both from cuBLAS, on the GPU.
+
+    python3 benchmarks/few_rows.py --out $OUT/few_rows --time-limit 400
+
+Such a GEMM streams the whole weight once and is bound by memory, or close to it: the tile that fills the
+SMs and keeps enough bytes in flight wins, which is not what a compute-bound model ranks first. Per shape:
+
+1. ``search``: the autotuner (isolated, every candidate checked) over a wide list: TileLang's 288 grid
+   (unless ``--no-grid``), the carver's top-48 hints, split-K of the top 16 at 2 to 8 splits, and the
+   candidates ``tune()`` would try (the carver's top ``--topk`` with its variants). Each trial's median
+   is kept (``few_rows.json``).
+2. ``versus``: the search's best 4, the best of ``tune()``'s candidates and cuBLAS (``x @ W.T``), in
+   interleaved rounds in this process (CUDA events after an L2 flush): ratios to cuBLAS and the bytes
+   streamed per second (``few_rows.json``, ``few_rows.md``).
+
+A benchmark, not a test: failing configs are rows with their error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from benchlib import Clock, config_id, dump, geomean, log, median  # noqa: E402
+
+SHAPES = ("128x14336x4096", "128x4096x14336", "256x14336x4096", "64x4096x14336")
+
+
+def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True) -> tuple[list[Any], list[Any]]:
+    """(every config to search, the ones tune() would try), as MatmulConfigs, checked, no duplicates."""
+    from templates.matmul import space
+
+    tuned = space.candidates(problem, arch, topk)
+    hints = space.candidates(problem, arch, 48, variants=False, split_k=False)
+    split = space.split_k_variants(problem, hints[:16], arch.sm_count, per_config=4, top=16)
+    more = [dataclasses.replace(c, split_k=s) for c in hints[:16] for s in (2, 3, 4, 6, 8)
+            if c.split_k == 1 and s <= space.split_k_limit(problem.K, c.block_K)]
+    out: list[Any] = []
+    for c in [*tuned, *hints, *split, *more, *(space.space(problem) if grid else [])]:
+        if c not in out and not space.check(problem, c, arch):
+            out.append(c)
+    return out, tuned
+
+
+def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    import carver
+    from templates import matmul
+    from templates.matmul.config import make_problem
+
+    M, N, K = map(int, shape.split("x"))
+    arch = carver.arch.CUDA(args.arch)
+    problem = make_problem(M, N, K, args.dtype, None, "float32", False, True, in_name="dtype")
+    configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid)
+    log(f"{shape}: searching {len(configs)} configs ({len(tuned)} of them tune()'s)")
+    t0 = time.time()
+    tuner = matmul.tuner(M, N, K, dtype=args.dtype, configs=[c.to_dict() for c in configs], arch=args.arch)
+    tuner.set_tuning(db_path=str(out / "tuning.sqlite"), progress=False)
+    res = tuner.run(3, 20)
+    rows = [{"config": t.config, "status": str(t.status), "ms": t.median_ms,
+             "error": (t.error or "")[:300] or None} for t in res.trials]
+    return {"shape": shape, "configs": len(configs), "seconds": round(time.time() - t0, 1),
+            "tuned": [c.to_dict() for c in tuned], "winner": res.config, "winner_ms": res.latency, "rows": rows}
+
+
+def phase_versus(search: dict[str, Any], args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
+    import torch
+
+    from templates import matmul
+
+    M, N, K = map(int, search["shape"].split("x"))
+    ok = sorted((r for r in search["rows"] if r["ms"] is not None and r["status"] == "ok"), key=lambda r: r["ms"])
+    tuned_ids = {config_id(c) for c in search["tuned"]}
+    picks = {config_id(r["config"]): ("search", r["config"]) for r in ok[:4]}
+    best_tuned = next((r for r in ok if config_id(r["config"]) in tuned_ids), None)
+    if best_tuned is not None:
+        picks[config_id(best_tuned["config"])] = ("tune", best_tuned["config"])
+    dt = getattr(torch, args.dtype)
+    x = torch.randn(M, K, device="cuda", dtype=dt)
+    w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+    kernels = {}
+    for cid, (_, cfg) in picks.items():
+        kernels[cid] = matmul.compile(M, N, K, config=cfg, dtype=args.dtype)
+        torch.testing.assert_close(kernels[cid](x, w).float(), (x @ w.T).float(), atol=2e-2, rtol=2e-2)
+    times: dict[str, list[float]] = {cid: [] for cid in kernels}
+    times["cublas"] = []
+    for _ in range(args.rounds):
+        if clock.left() < 10:
+            break
+        times["cublas"].append(clock.time(lambda: x @ w.T))
+        for cid, k in kernels.items():
+            times[cid].append(clock.time(lambda k=k: k(x, w)))
+    cub = median(times["cublas"])
+    weight_bytes = N * K * x.element_size()
+    rows = [{"config": picks[cid][1], "from": picks[cid][0], "ms": median(ts), "vs_cublas": cub / median(ts),
+             "weight_tbps": weight_bytes / median(ts) / 1e9, "rounds": ts}
+            for cid, ts in times.items() if cid != "cublas" and ts]
+    rows.sort(key=lambda r: r["ms"])
+    return {"shape": search["shape"], "cublas_ms": cub, "cublas_rounds": times["cublas"],
+            "cublas_weight_tbps": weight_bytes / cub / 1e9, "rows": rows}
+
+
+def write_md(res: dict[str, Any], path: Path) -> None:
+    lines = [f"# GEMMs with few rows, {res.get('device', '?')}", "",
+             f"{res.get('date', '')}, `{res.get('command', '')}`",
+             "", "| shape | searched | search s | best (search) / cuBLAS | best of tune()'s / cuBLAS | "
+             "cuBLAS TB/s | best TB/s | best config |", "|---|---|---|---|---|---|---|---|"]
+    ratios = []
+    for shape, v in res.get("versus", {}).items():
+        s = res["search"][shape]
+        best = v["rows"][0] if v["rows"] else None
+        tuned = next((r for r in v["rows"] if r["from"] == "tune"), None)
+        if best:
+            ratios.append(best["vs_cublas"])
+        lines.append(f"| {shape} | {s['configs']} | {s['seconds']} | {best['vs_cublas']:.3f} | "
+                     f"{tuned['vs_cublas'] if tuned else float('nan'):.3f} | {v['cublas_weight_tbps']:.2f} | "
+                     f"{best['weight_tbps']:.2f} | `{best['config']}` |" if best else f"| {shape} | - |")
+    if ratios:
+        lines += ["", f"geomean best / cuBLAS: {geomean(ratios):.3f}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="MxNxK (A is MxK, W is NxK)")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--arch", default="H200", help="the carver's GPU")
+    ap.add_argument("--topk", type=int, default=4, help="tune()'s topk (model_mlp.py uses 4)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-grid", action="store_true", help="leave TileLang's 288 grid out of the search")
+    ap.add_argument("--time-limit", type=float, default=400.0)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clock = Clock(args.time_limit, 50)
+    import torch
+
+    res: dict[str, Any] = {"device": torch.cuda.get_device_name(0),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "command": "python3 benchmarks/few_rows.py " + " ".join(sys.argv[1:]), "search": {},
+                           "versus": {}}
+    for shape in args.shapes:
+        if clock.left() < 60:
+            log(f"{shape}: time limit, skipped")
+            continue
+        res["search"][shape] = phase_search(shape, args, out)
+        dump(out / "few_rows.json", res)
+        res["versus"][shape] = phase_versus(res["search"][shape], args, clock)
+        dump(out / "few_rows.json", res)
+        write_md(res, out / "few_rows.md")
+        v = res["versus"][shape]
+        log(f"{shape}: cuBLAS {v['cublas_ms'] * 1e3:.1f} us; " + "; ".join(
+            f"{r['from']} {r['ms'] * 1e3:.1f} us ({r['vs_cublas']:.3f})" for r in v["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
