@@ -41,6 +41,7 @@ from typing import Any
 
 from . import procs
 from .config import merge_pass_configs, split_config
+from .settings import resolve_out_idx
 from .trial import Status, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
@@ -62,16 +63,26 @@ class CompileOutcome:
     batch: int = 0  # which of compile_many's batches it belongs to
 
 
-def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None) -> Any:
+def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None,
+               out_idx: Sequence[int] | int | None = None) -> Any:
     """The one call that compiles (or loads from TileLang's disk cache) a PrimFunc.
 
     Workers and the parent must call it with identical arguments so that the parent's call is a
-    cache hit. Every argument is explicit (``out_idx=None``: the tuner passes outputs itself, so it
-    can pre-fill them with NaN; the result wraps the user's ``out_idx``).
+    cache hit. Every argument is explicit. The tuner passes ``out_idx=None`` (it passes outputs itself,
+    so it can pre-fill them with NaN; the result wraps the user's ``out_idx``); a served kernel
+    (:mod:`.keyed`, a template's ``compile``) names its outputs.
+
+    ``out_idx`` goes to TileLang as a fresh list of non-negative indices. TileLang's cache key includes
+    the list as given, and TileLang rewrites negative indices of the list it is given in place: a
+    caller's ``[-1]`` passed twice would be keyed ``(-1,)`` the first time and ``(2,)`` after, so that
+    a process serving its kernels in another order than the one that compiled them missed the disk
+    cache and compiled again (an H200 MLP block's first table-loaded forward: 10 of 12 kernels, 3 s).
     """
     import tilelang
 
-    return tilelang.compile(func, out_idx=None, target=target_spec, pass_configs=pass_configs)
+    if out_idx is not None:
+        out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
+    return tilelang.compile(func, out_idx=out_idx, target=target_spec, pass_configs=pass_configs)
 
 
 def cloudpickle_module() -> Any:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .buckets import Buckets, as_buckets
 from .cache import DamagedRow, TuningDB, function_fingerprint
+from .compile import tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import TuningError
 from .table import Entry, KernelSection, TableError, TunedTable, load_table
@@ -294,15 +295,14 @@ class KeyedKernel:
         return self._section
 
     def _compile(self, exact: dict[str, Any], config: dict[str, Any]) -> Any:
-        import tilelang
         import tilelang.language as T
 
         shape = {k: T.dynamic(k) if k in self.dynamic else exact[k] for k in self.key}
         kwargs, own = split_config(config)
         self.stats["compiles"] += 1
-        return tilelang.compile(self.fn(**shape, **kwargs), out_idx=self.compile_args.get("out_idx"),
-                                target=self.target().spec,
-                                pass_configs=merge_pass_configs(self.compile_args.get("pass_configs"), own))
+        return tl_compile(self.fn(**shape, **kwargs), self.target().spec,
+                          merge_pass_configs(self.compile_args.get("pass_configs"), own),
+                          out_idx=self.compile_args.get("out_idx"))
 
     def target(self) -> Any:
         """The resolved target (``compile_args["target"]``, default "auto"), resolved once."""

@@ -306,11 +306,10 @@ class TemplateBase:
             cfg = self.candidates(problem, where.arch, 1, variants=False)[0]
         else:
             cfg = self.as_config(problem, config)
-        func = self.program(problem, cfg)
-        import tilelang
+        from autotuner.compile import tl_compile
 
-        return tilelang.compile(func, out_idx=list(self.out_idx), target=where.target.tvm(),
-                                pass_configs=dict(cfg.pass_configs) or None)
+        return tl_compile(self.program(problem, cfg), where.target.tvm(), dict(cfg.pass_configs) or None,
+                          out_idx=self.out_idx)
 
     def tuner(self, problem: Any, options: TuneOptions | None = None) -> AutoTuner:
         """The configured :class:`autotuner.AutoTuner` that :meth:`tune` runs (for callers that want the

@@ -274,6 +274,40 @@ def test_a_fresh_process_serves_the_table_without_timing(tuned, tmp_path):
     assert not (cache / "tuning.sqlite").exists()  # the database was never opened, let alone written
 
 
+SERVE_IN_ORDER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import importlib, torch
+kernel_mod = importlib.import_module("tilelang.jit.kernel")
+compiled = []
+real = kernel_mod.JITKernel._compile_and_create_adapter
+kernel_mod.JITKernel._compile_and_create_adapter = lambda self, *a, **k: compiled.append(1) or real(self, *a, **k)
+from kernels.keyed_kernels import make_keyed
+kk = make_keyed()
+for m, n in {shapes!r}:
+    a, b = torch.randn(m, n), torch.randn(m, n)
+    assert torch.allclose(kk(a, b), a * 2 + b)
+print(json.dumps({{"compiled": len(compiled), "out_idx": kk.compile_args["out_idx"]}}))
+"""
+
+
+def test_a_fresh_process_finds_every_served_kernel_in_tilelangs_cache_whatever_the_order(tmp_path):
+    """TileLang keys its disk cache on out_idx as given and rewrites a given [-1] to [2] in place: the
+    keyed kernel's own list, passed to every compile, made the first kernel of a process keyed (-1,) and
+    the rest (2,), so a process meeting the shapes in another order compiled them again."""
+    env = {**os.environ, "TILELANG_CACHE_DIR": str(tmp_path / "tl"), "TILECARVE_CACHE_DIR": str(tmp_path / "tc")}
+
+    def serve(shapes):
+        p = subprocess.run([sys.executable, "-c", SERVE_IN_ORDER.format(tests=str(TESTS), shapes=shapes)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first = serve([(5, 64), (40, 32)])
+    assert first == {"compiled": 2, "out_idx": [-1]}  # the caller's list is left as given
+    assert serve([(40, 32), (5, 64)]) == {"compiled": 0, "out_idx": [-1]}  # both from the disk cache
+
+
 # ------------------------------------------------------------------------------------ tuning policy
 def test_no_tuning_inside_cuda_graph_capture(tmp_path, monkeypatch):
     assert autotuner.keyed.capturing() is False  # no GPU here
