@@ -75,6 +75,51 @@ def test_the_fallback_is_said_once_at_info(caplog):
     assert len(said) == 1 and "not CUDA" in said[0].getMessage() and said[0].levelno == logging.INFO
 
 
+class _FakeKeyed:
+    """A keyed kernel whose kernels compute in fp64 on the CPU; counts what the op asks of it."""
+
+    def __init__(self):
+        self.asked: list[tuple] = []
+
+    def kernel_for_values(self, values):
+        self.asked.append(values)
+        return lambda x, w: (x.double() @ w.double().T).to(x.dtype)
+
+
+def test_a_call_signature_is_decided_once_and_its_kernel_asked_for_every_call(monkeypatch):
+    """The op's short path (templates/matmul/op.py _forward): the checks run once per call signature, the
+    keyed kernel is asked for its kernel on every call (so a table loaded later is seen), leading dims and
+    a bias are handled, and another op (configure) or another weight layout is decided again."""
+    decided, fake = [], _FakeKeyed()
+    real_decide = mop._decide
+
+    def decide(op, x, w, b):
+        decided.append((tuple(x.shape), tuple(w.shape), w.is_contiguous(), b is not None))
+        out = real_decide(op, x, w, b)  # on the CPU: a fallback reason
+        if not isinstance(out, str) or "not CUDA" not in out:
+            return out
+        M, K = x.numel() // w.shape[1], w.shape[1]
+        return fake, (M, w.shape[0], K, x.dtype), M, w.shape[0], K  # as a CUDA call would be decided
+
+    monkeypatch.setattr(mop, "_decide", decide)
+    monkeypatch.setattr(mop, "_DECIDED", {})
+    before = mop.get_op()
+    try:
+        w, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(8, dtype=torch.float16)
+        x2, x3 = torch.randn(4, 16, dtype=torch.float16), torch.randn(2, 3, 16, dtype=torch.float16)
+        for _ in range(3):
+            torch.testing.assert_close(mop._forward(x2, w, None), (x2.double() @ w.double().T).half())
+            torch.testing.assert_close(mop._forward(x3, w, b), (x3.double() @ w.double().T).half() + b)
+        assert decided == [((4, 16), (8, 16), True, False), ((2, 3, 16), (8, 16), True, True)]
+        assert fake.asked == [(4, 8, 16, torch.float16), (6, 8, 16, torch.float16)] * 3
+        torch.testing.assert_close(mop._forward(x2, w.T.contiguous().T, None), x2 @ w.T)  # non-contiguous weight
+        mop.configure(topk=2)  # another op: decided again
+        mop._forward(x2, w, None)
+        assert decided[2:] == [((4, 16), (8, 16), False, False), ((4, 16), (8, 16), True, False)]
+    finally:
+        mop._OP[0] = before
+
+
 # ------------------------------------------------------------------------------------ the custom op
 def test_the_fake_impl_gives_shapes_and_dtypes_without_running():
     with FakeTensorMode():

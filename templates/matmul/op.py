@@ -142,6 +142,7 @@ _OP: list[MatmulOp | None] = [None]
 _LOCK = threading.Lock()
 _SAID: set[str] = set()
 _REFUSED: dict[tuple, str | None] = {}
+_DECIDED: dict[tuple, str | tuple] = {}  # a call signature -> its fallback reason or its kernel (see _forward)
 
 
 def get_op() -> MatmulOp:
@@ -202,22 +203,29 @@ def _say_once(reason: str) -> None:
 
 
 def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The op's implementation: a tuned kernel where one serves the call, else ``F.linear``."""
-    reason = _fallback_reason(x, weight, bias)
-    if reason is None:
-        N, K = weight.shape
-        M = x.numel() // K
-        if M == 0:
-            return F.linear(x, weight, bias)
-        op = get_op()
-        reason = _refusal(op, M, N, K, x.dtype)
-    if reason is not None:
-        _say_once(reason)
+    """The op's implementation: a tuned kernel where one serves the call, else ``F.linear``.
+
+    At decode sizes the host bounds a forward (a GEMV is done before Python issues the next call), so
+    a call whose signature was judged before takes a short path: everything the decision depends on
+    (shapes, dtypes, devices, the weight's layout, the bias's, the op in use) is the key of
+    ``_DECIDED``, whose value is the keyed kernel and its key values. The kernel itself is still asked
+    for per call (``kernel_for_values``), so a table loaded later, a tuned key or a recording is seen
+    at once."""
+    op = get_op()
+    sig = (x.shape, x.dtype, x.device, weight.shape, weight.dtype, weight.device, weight.is_contiguous(),
+           None if bias is None else (bias.shape, bias.dtype, bias.device), op)
+    decided = _DECIDED.get(sig)
+    if decided is None:
+        decided = _decide(op, x, weight, bias)
+        if len(_DECIDED) > 4096:
+            _DECIDED.clear()
+        _DECIDED[sig] = decided
+    if isinstance(decided, str):
+        _say_once(decided)
         return F.linear(x, weight, bias)
-    x2 = x.reshape(M, K)
-    if not x2.is_contiguous():
-        x2 = x2.contiguous()
-    kernel = op.kernel(M).kernel_for({"M": M, "N": N, "K": K, "dtype": x.dtype})
+    kk, values, M, N, K = decided
+    x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(M, K).contiguous()
+    kernel = kk.kernel_for_values(values)
     if _several_gpus() and x.device.index != torch.cuda.current_device():
         with torch.cuda.device(x.device):
             y = kernel(x2, weight)
@@ -225,7 +233,22 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         y = kernel(x2, weight)
     if bias is not None:
         y.add_(bias)
-    return y.view(*x.shape[:-1], N)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
+
+
+def _decide(op: MatmulOp, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | tuple:
+    """For a call signature: why it goes to ``F.linear`` (said once), else ``(keyed kernel, key values,
+    M, N, K)``."""
+    reason = _fallback_reason(x, weight, bias)
+    if reason is None:
+        N, K = weight.shape
+        M = x.numel() // K
+        if M == 0:
+            return "inputs with no rows"
+        reason = _refusal(op, M, N, K, x.dtype)
+    if reason is not None:
+        return reason
+    return op.kernel(M), (M, N, K, x.dtype), M, N, K
 
 
 @torch.library.custom_op("tilecarve::matmul", mutates_args=())
