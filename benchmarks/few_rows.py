@@ -13,6 +13,9 @@ SMs and keeps enough bytes in flight wins, which is not what a compute-bound mod
 2. ``versus``: the search's best 4, the best of ``tune()``'s candidates and cuBLAS (``x @ W.T``), in
    interleaved rounds in this process (CUDA events after an L2 flush): ratios to cuBLAS and the bytes
    streamed per second (``few_rows.json``, ``few_rows.md``).
+3. ``served`` (``--served``): the search's best 2 and tune()'s best compiled with a static M and with a
+   symbolic M (as the op serves them), against cuBLAS, after an L2 flush and back to back (a model's
+   forward). ``--searched few_rows.json`` reuses an earlier run's searches.
 
 A benchmark, not a test: failing configs are rows with their error.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -108,6 +112,65 @@ def phase_versus(search: dict[str, Any], args: argparse.Namespace, clock: Clock)
             "cublas_weight_tbps": weight_bytes / cub / 1e9, "rows": rows}
 
 
+def back_to_back_ms(fn: Any, calls: int = 50) -> float:
+    """Milliseconds a call, ``calls`` calls issued back to back between two CUDA events (no L2 flush, the
+    host ahead of the GPU): how a model's forward runs them."""
+    import torch
+
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def phase_served(search: dict[str, Any], args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
+    """The search's best 2 and tune()'s best, compiled as ``matmul.compile`` does (static M) and as the op
+    serves them (M symbolic, ``templates.matmul.op.gemm``), against cuBLAS, timed after an L2 flush and
+    back to back, in interleaved rounds."""
+    import tilelang.language as T
+    import torch
+
+    from autotuner.compile import tl_compile
+    from templates import matmul
+    from templates.matmul.op import gemm
+
+    M, N, K = map(int, search["shape"].split("x"))
+    ok = sorted((r for r in search["rows"] if r["ms"] is not None and r["status"] == "ok"), key=lambda r: r["ms"])
+    tuned_ids = {config_id(c) for c in search["tuned"]}
+    picks = {config_id(r["config"]): r["config"] for r in ok[:2]}
+    best_tuned = next((r for r in ok if config_id(r["config"]) in tuned_ids), None)
+    if best_tuned is not None:
+        picks[config_id(best_tuned["config"])] = best_tuned["config"]
+    dt = getattr(torch, args.dtype)
+    x = torch.randn(M, K, device="cuda", dtype=dt)
+    w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+    ref = (x @ w.T).float()
+    kernels: dict[str, Any] = {}
+    for cid, cfg in picks.items():
+        kernels[f"static {cid}"] = matmul.compile(M, N, K, config=cfg, dtype=args.dtype)
+        kernels[f"symbolic {cid}"] = tl_compile(gemm(T.dynamic("M"), N, K, args.dtype, **cfg), "cuda", out_idx=[-1])
+    for name, k in kernels.items():
+        torch.testing.assert_close(k(x, w).float(), ref, atol=2e-2, rtol=2e-2, msg=lambda m, name=name: f"{name}: {m}")
+    calls = {"cublas": lambda: x @ w.T, **{name: (lambda k=k: k(x, w)) for name, k in kernels.items()}}
+    flushed: dict[str, list[float]] = {n: [] for n in calls}
+    b2b: dict[str, list[float]] = {n: [] for n in calls}
+    for _ in range(args.rounds):
+        if clock.left() < 10:
+            break
+        for name, fn in calls.items():
+            flushed[name].append(clock.time(fn))
+            b2b[name].append(back_to_back_ms(fn))
+    cub_f, cub_b = median(flushed["cublas"]), median(b2b["cublas"])
+    rows = [{"kernel": name, "flushed_ms": median(flushed[name]), "back_to_back_ms": median(b2b[name]),
+             "flushed_vs_cublas": cub_f / median(flushed[name]), "back_to_back_vs_cublas": cub_b / median(b2b[name])}
+            for name in calls if flushed[name]]
+    return {"shape": search["shape"], "rows": rows, "rounds": {"flushed": flushed, "back_to_back": b2b}}
+
+
 def write_md(res: dict[str, Any], path: Path) -> None:
     lines = [f"# GEMMs with few rows, {res.get('device', '?')}", "",
              f"{res.get('date', '')}, `{res.get('command', '')}`",
@@ -125,6 +188,11 @@ def write_md(res: dict[str, Any], path: Path) -> None:
                      f"{best['weight_tbps']:.2f} | `{best['config']}` |" if best else f"| {shape} | - |")
     if ratios:
         lines += ["", f"geomean best / cuBLAS: {geomean(ratios):.3f}"]
+    for shape, v in res.get("served", {}).items():
+        lines += ["", f"## {shape}: static and symbolic M (as the op serves), after an L2 flush and back to back",
+                  "", "| kernel | flushed us | / cuBLAS | back to back us | / cuBLAS |", "|---|---|---|---|---|"]
+        lines += [f"| {r['kernel']} | {r['flushed_ms'] * 1e3:.1f} | {r['flushed_vs_cublas']:.3f} | "
+                  f"{r['back_to_back_ms'] * 1e3:.1f} | {r['back_to_back_vs_cublas']:.3f} |" for r in v["rows"]]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -137,6 +205,9 @@ def main() -> int:
     ap.add_argument("--topk", type=int, default=4, help="tune()'s topk (model_mlp.py uses 4)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-grid", action="store_true", help="leave TileLang's 288 grid out of the search")
+    ap.add_argument("--served", action="store_true",
+                    help="also time the best configs compiled as the op serves them (symbolic M), back to back")
+    ap.add_argument("--searched", help="a few_rows.json whose searches to reuse (shapes found there are not searched)")
     ap.add_argument("--time-limit", type=float, default=400.0)
     args = ap.parse_args()
     out = Path(args.out)
@@ -148,18 +219,29 @@ def main() -> int:
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "command": "python3 benchmarks/few_rows.py " + " ".join(sys.argv[1:]), "search": {},
                            "versus": {}}
+    earlier = json.loads(Path(args.searched).read_text())["search"] if args.searched else {}
+    res["served"] = {}
     for shape in args.shapes:
         if clock.left() < 60:
             log(f"{shape}: time limit, skipped")
             continue
-        res["search"][shape] = phase_search(shape, args, out)
-        dump(out / "few_rows.json", res)
-        res["versus"][shape] = phase_versus(res["search"][shape], args, clock)
-        dump(out / "few_rows.json", res)
+        if shape in earlier:
+            res["search"][shape] = earlier[shape]
+        else:
+            res["search"][shape] = phase_search(shape, args, out)
+            dump(out / "few_rows.json", res)
+            res["versus"][shape] = phase_versus(res["search"][shape], args, clock)
+            dump(out / "few_rows.json", res)
+            v = res["versus"][shape]
+            log(f"{shape}: cuBLAS {v['cublas_ms'] * 1e3:.1f} us; " + "; ".join(
+                f"{r['from']} {r['ms'] * 1e3:.1f} us ({r['vs_cublas']:.3f})" for r in v["rows"]))
+        if args.served:
+            res["served"][shape] = phase_served(res["search"][shape], args, clock)
+            dump(out / "few_rows.json", res)
+            log(f"{shape} served: " + "; ".join(f"{r['kernel'][:60]} {r['flushed_vs_cublas']:.3f} flushed, "
+                                               f"{r['back_to_back_vs_cublas']:.3f} back to back"
+                                               for r in res["served"][shape]["rows"]))
         write_md(res, out / "few_rows.md")
-        v = res["versus"][shape]
-        log(f"{shape}: cuBLAS {v['cublas_ms'] * 1e3:.1f} us; " + "; ".join(
-            f"{r['from']} {r['ms'] * 1e3:.1f} us ({r['vs_cublas']:.3f})" for r in v["rows"]))
     return 0
 
 
