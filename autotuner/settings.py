@@ -19,7 +19,7 @@ from typing import Any
 __all__ = ["TIMING_BACKENDS", "TIMING_MODES", "CheckSettings", "CompileSettings", "RunSettings", "TimingSettings",
            "check_out_idx", "check_setting", "key_fields", "resolve_out_idx"]
 
-TIMING_MODES = ("burst", "sustained")
+TIMING_MODES = ("burst", "sustained", "back_to_back")
 TIMING_BACKENDS = ("event", "cudagraph")
 
 

@@ -334,9 +334,11 @@ class AutoTuner:
         * ``isolate`` (default): check and time in a separate process, so a kernel that crashes or
           leaves a sticky CUDA error costs one trial; ``run_timeout`` is how long one candidate may
           take there.
-        * ``timing``: ``"burst"`` (each call timed alone after an L2 flush) or ``"sustained"`` (the
+        * ``timing``: ``"burst"`` (each call timed alone after an L2 flush), ``"sustained"`` (the
           finalists are re-timed after ``sustain_s`` seconds of back-to-back calls, at the clock the
-          GPU holds under load). ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
+          GPU holds under load) or ``"back_to_back"`` (every candidate and the finalists timed that
+          way, as a model's forward runs its kernels: the op's default, ``templates/matmul/op.py``).
+          ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
           a few microseconds, where launch overhead would dominate).
         * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest, at most
           ``max_finalists``, are re-timed in ``finalist_rounds`` interleaved rounds; the pick is the

@@ -289,3 +289,27 @@ def test_a_config_may_carry_its_own_pass_configs():
     assert "tl.no_such_pass_option" in result.trials[2].error
     with pytest.raises(TypeError, match="pass_configs"):
         AutoTuner.from_kernel(add, [dict(block_M=32, pass_configs=["tl.disable_vectorize"])])
+
+
+@pytest.mark.parametrize("timing, first, finalists", [("burst", "burst", "burst"), ("sustained", "burst", "sustained"),
+                                                      ("back_to_back", "sustained", "sustained")])
+def test_the_timing_setting_says_how_candidates_and_finalists_are_timed(tmp_path, monkeypatch, timing, first,
+                                                                        finalists):
+    """``back_to_back`` (the matmul op's default) times every candidate as ``sustained`` times the finalists:
+    calls back to back, no flush between them, as a model's forward runs them."""
+    import autotuner.bench as bench_mod
+
+    modes: list[str] = []
+    real = bench_mod.Bench._time
+
+    def spy(self, jit, case, mode):
+        modes.append(mode)
+        return real(self, jit, case, mode)
+
+    monkeypatch.setattr(bench_mod.Bench, "_time", spy)
+    configs = [dict(block_M=m, block_N=16) for m in (16, 32)]
+    result = (AutoTuner.from_kernel(add, configs).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+              .set_tuning(n_jobs=1, isolate=False, cache=False, progress=False, timing=timing, sustain_s=0.0)
+              .run(1, 3))
+    assert result.config in configs
+    assert modes[:2] == [first, first] and set(modes[2:]) == {finalists} and len(modes) > 2

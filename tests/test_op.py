@@ -173,12 +173,12 @@ def test_routing_keys_buckets_and_fallback_configs():
         mop.configure(topk=0)
 
 
-def test_the_ops_kernels_retime_their_finalists_back_to_back_unless_told_otherwise():
+def test_the_ops_kernels_time_candidates_back_to_back_unless_told_otherwise():
     key = {"M": 128, "N": 4096, "K": 14336, "dtype": "float16"}
     op = mop.MatmulOp(target=SM90)
     for kk in (op.gemm, op.gemv):
         t = kk.tuner(kk.make_key({**key, "M": 128 if kk is op.gemm else 4})).timing_settings
-        assert (t.timing, t.sustain_s) == ("sustained", 0.05)
+        assert (t.timing, t.sustain_s) == ("back_to_back", 0.05)
     t = mop.MatmulOp(target=SM90, tuning_args={"timing": "burst"}).gemm.tuner(op.gemm.make_key(key)).timing_settings
     assert t.timing == "burst"
 

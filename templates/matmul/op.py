@@ -78,8 +78,8 @@ class MatmulOp:
     * ``dynamic``: compile the GEMM with a symbolic M, one kernel per bucket (False: one per exact M);
     * ``target``: "auto" (the local GPU) or a compile-only CUDA target such as "sm_90a";
     * ``tuning_args``: for ``AutoTuner.set_tuning`` (``n_jobs``, ``db_path``, ``progress``...). By default
-      the finalists are re-timed back to back (``timing="sustained"``, ``sustain_s=0.05``), the way a
-      model's forward runs them, rather than each call alone after an L2 flush.
+      candidates and finalists are timed back to back (``timing="back_to_back"``, ``sustain_s=0.05``),
+      the way a model's forward runs them, rather than each call alone after an L2 flush.
     """
 
     def __init__(self, topk: int = 4, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
@@ -92,11 +92,11 @@ class MatmulOp:
         self._arch: dict[str, Any] = {}
         compile_args = {"out_idx": [-1], "target": target, "ref_prog": ref_program, "atol": 1e-2, "rtol": 1e-2,
                         "max_mismatched_ratio": 0.0}
-        # finalists re-timed back to back, as a model's forward runs them: on an H200 the 64x64 7-stage
-        # kernel that wins the down projection at 128 rows when each call is timed after an L2 flush
-        # (1.01x cuBLAS) runs 0.88x cuBLAS back to back, where a split-K 64x128 runs 0.98x
+        # candidates and finalists timed back to back, as a model's forward runs them: on an H200 the 64x64
+        # 7-stage kernel that wins the down projection at 128 rows when each call is timed after an L2
+        # flush (1.01x cuBLAS) runs 0.88x cuBLAS back to back, where a split-K 64x128 runs 0.98x
         # (benchmarks/data/few-rows-2026-11-22-h200); the short heat is for the back-to-back, not the clock
-        tuning = {"progress": False, "timing": "sustained", "sustain_s": 0.05, **(tuning_args or {})}
+        tuning = {"progress": False, "timing": "back_to_back", "sustain_s": 0.05, **(tuning_args or {})}
         self.gemm = KeyedKernel(gemm, KEY, self._gemm_configs, buckets={"M": Buckets.pow2()},
                                 dynamic=["M"] if dynamic else (), name=GEMM_NAME, compile_args=compile_args,
                                 tuning_args=tuning, validate=self._gemm_check)
