@@ -9,7 +9,7 @@ SMs and keeps enough bytes in flight wins, which is not what a compute-bound mod
 1. ``search``: the autotuner (isolated, every candidate checked) over a wide list: TileLang's 288 grid
    (unless ``--no-grid``), the carver's top-48 hints, split-K of the top 16 at 2 to 8 splits, and the
    candidates ``tune()`` would try (the carver's top ``--topk`` with its variants). Each trial's median
-   is kept (``few_rows.json``).
+   is kept (``few_rows.json``). ``--timing back_to_back`` times them back to back, as the op tunes.
 2. ``versus``: the search's best 4, the best of ``tune()``'s candidates and cuBLAS (``x @ W.T``), in
    interleaved rounds in this process (CUDA events after an L2 flush): ratios to cuBLAS and the bytes
    streamed per second (``few_rows.json``, ``few_rows.md``).
@@ -67,7 +67,7 @@ def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, A
     log(f"{shape}: searching {len(configs)} configs ({len(tuned)} of them tune()'s)")
     t0 = time.time()
     tuner = matmul.tuner(M, N, K, dtype=args.dtype, configs=[c.to_dict() for c in configs], arch=args.arch)
-    tuner.set_tuning(db_path=str(out / "tuning.sqlite"), progress=False)
+    tuner.set_tuning(db_path=str(out / "tuning.sqlite"), progress=False, timing=args.timing, sustain_s=0.05)
     res = tuner.run(3, 20)
     rows = [{"config": t.config, "status": str(t.status), "ms": t.median_ms,
              "error": (t.error or "")[:300] or None} for t in res.trials]
@@ -207,6 +207,8 @@ def main() -> int:
     ap.add_argument("--no-grid", action="store_true", help="leave TileLang's 288 grid out of the search")
     ap.add_argument("--served", action="store_true",
                     help="also time the best configs compiled as the op serves them (symbolic M), back to back")
+    ap.add_argument("--timing", default="burst", choices=["burst", "back_to_back"],
+                    help="how the search times candidates (back_to_back: as a forward runs them, the op's way)")
     ap.add_argument("--searched", help="a few_rows.json whose searches to reuse (shapes found there are not searched)")
     ap.add_argument("--time-limit", type=float, default=400.0)
     args = ap.parse_args()
