@@ -171,7 +171,8 @@ class Bench:
         self.ref_latency: float | None = None
 
     def _case(self, jit: Any) -> _Case:
-        """Inputs, pristine copies and reference outputs per distinct parameter signature, made once."""
+        """Inputs and pristine copies per distinct parameter signature, made at first use and kept until
+        :meth:`release` (the reference's outputs are made by :meth:`_refs` at the first check)."""
         s = self.spec.check
         device = self.spec.device
         sig = tuple((tuple(map(str, p.shape)), str(p.dtype)) for p in jit.params)
@@ -205,7 +206,9 @@ class Bench:
                                       [tuple(case.args[i].shape) for i in case.out_idx])
             if self.ref_latency is None:
                 ref = s.ref_prog
-                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device).median_ms
+                mode = "burst" if t.timing == "burst" else "sustained"  # as the finalists it is compared with
+                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device, mode=mode,
+                                                 sustain_s=t.sustain_s).median_ms
         return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
@@ -456,7 +459,7 @@ class ServedBench:
     def _call(self, msg: tuple, timeout: float) -> tuple[str, Any]:
         raise NotImplementedError
 
-    def _started(self) -> bool:
+    def _is_up(self) -> bool:
         """Whether the other side is up (a request that only frees memory need not start it)."""
         return True
 
@@ -477,7 +480,7 @@ class ServedBench:
 
     def release(self, sid: int) -> None:
         """Free a spec's inputs on the other side (nothing to do when it is not running)."""
-        if self._started():
+        if self._is_up():
             tag, reply = self._call(("release", sid), 60)
             raise_for_reply(tag, reply)
 
@@ -560,7 +563,7 @@ class IsolatedBench(ServedBench):
         return "died", (f"the measuring process died ({how}) while running this config: a crash or a sticky "
                         "CUDA error; it was restarted for the remaining configs")
 
-    def _started(self) -> bool:
+    def _is_up(self) -> bool:
         return self._proc is not None
 
     def abort(self) -> None:

@@ -22,6 +22,7 @@ with the rest.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -157,6 +158,12 @@ class _Worker(threading.Thread):
             self.bench.close()
 
 
+def _log_failed_release(sid: int, fut: Future) -> None:
+    """Nobody waits on a release: say when one failed (the problem's inputs stay on that device)."""
+    if not fut.cancelled() and fut.exception() is not None:
+        logger.warning("freeing problem %d's inputs on a measuring device failed: %r", sid, fut.exception())
+
+
 class DevicePool:
     """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
     queue, each holding every problem of the job: a :class:`.bench.Measurer`, plus :meth:`submit`, which
@@ -271,9 +278,10 @@ class DevicePool:
 
     def release(self, sid: int) -> None:
         """Free a problem's inputs on every device, before the next candidate each device takes; returns at
-        once (no candidate of that problem is in flight when the job releases it)."""
+        once. A failed release is logged (nobody waits on it); a candidate of a failed problem still running
+        when it is released gets another release when it ends (:mod:`.job`)."""
         for w in list(self._alive):
-            self._on(w, lambda w: w.bench.release(sid))
+            self._on(w, lambda w: w.bench.release(sid)).add_done_callback(functools.partial(_log_failed_release, sid))
 
     def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring processes; the caller loads the winner itself."""

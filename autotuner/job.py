@@ -233,11 +233,14 @@ class _Job:
             self._collect(bench, pending, block=True)
 
     @staticmethod
-    def _drop_failed(pending: dict[Future, tuple[_PlanRun, int]]) -> None:
-        """Stop waiting for candidates of plans that have failed (not started ones are cancelled)."""
+    def _drop_failed(pending: dict[Future, tuple[_PlanRun, int]], bench: Measurer) -> None:
+        """Stop waiting for candidates of plans that have failed (not started ones are cancelled). One a
+        device is already running makes the plan's inputs again after the plan's release: it is released
+        once more when that candidate ends."""
         for fut, (r, _) in list(pending.items()):
             if r.outcome is not None:
-                fut.cancel()
+                if not fut.cancel():
+                    fut.add_done_callback(lambda _f, sid=r.sid: bench.release(sid))
                 del pending[fut]
 
     def _collect(self, bench: Measurer, pending: dict[Future, tuple[_PlanRun, int]], block: bool) -> None:
@@ -248,7 +251,7 @@ class _Job:
                 r, i = pending.pop(fut)
                 if r.outcome is None:
                     r.measured(i, fut.result, bench)
-        self._drop_failed(pending)
+        self._drop_failed(pending, bench)
 
 
 class _PlanRun:

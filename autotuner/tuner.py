@@ -337,7 +337,9 @@ class AutoTuner:
         * ``timing``: ``"burst"`` (each call timed alone after an L2 flush), ``"sustained"`` (the
           finalists are re-timed after ``sustain_s`` seconds of back-to-back calls, at the clock the
           GPU holds under load) or ``"back_to_back"`` (every candidate and the finalists timed that
-          way, as a model's forward runs its kernels: the op's default, ``templates/matmul/op.py``).
+          way, as a model's forward runs its kernels: the op's default, ``templates/matmul/op.py``;
+          each candidate then costs ``sustain_s`` more, so keep it short, e.g. 0.05). The reference
+          is timed the way the finalists are.
           ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
           a few microseconds, where launch overhead would dominate).
         * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest, at most

@@ -160,12 +160,26 @@ def test_a_job_of_several_problems_runs_on_one_set_of_actors(local_ray, tmp_path
         real_init(self, specs, run_timeout, device)
 
     monkeypatch.setattr(ray_cluster.RayBench, "__init__", spy)
+    released: list = []  # (device, sid, what went wrong): a release nobody waits on must still work
+    real_release = ray_cluster.RayBench.release
+
+    def release(self, sid):
+        try:
+            real_release(self, sid)
+            released.append((self.device.label, sid, None))
+        except Exception as e:  # noqa: BLE001 - recorded for the assertion
+            released.append((self.device.label, sid, repr(e)))
+            raise
+
+    monkeypatch.setattr(ray_cluster.RayBench, "release", release)
     plans = [AutoTuner.from_kernel(add, [dict(block_M=m, block_N=n) for m in (16, 32)])
              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
              .set_tuning(backend="ray", devices=[1, 0], progress=False, db_path=str(tmp_path / "db.sqlite"))
              .plan(1, 3) for n in (16, 32, 64)]
     results = tune_all(plans)
     assert sorted(actors) == [("ray:0", 3), ("ray:1", 3)]  # one actor per device for the whole job
+    assert [r for r in released if r[2] is not None] == []
+    assert {(d, sid) for d, sid, _ in released} >= {(d, sid) for d in ("ray:0", "ray:1") for sid in range(3)}
     assert len({r.key for r in results}) == 3
     for r in results:
         assert [str(t.status) for t in r.trials] == ["ok", "ok"]

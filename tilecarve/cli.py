@@ -312,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
         f.add_argument("--warmup", type=count, default=3, help="calls before timing (default 3)")
         f.add_argument("--rep", type=count, default=20, help="timed calls per candidate (default 20)")
         f.add_argument("--jobs", type=count, default=None, help="compile workers (default: all cores)")
-        f.add_argument("--timing", choices=("burst", "sustained"), default="burst",
-                       help="burst (default) or sustained: finalists timed at the clock a busy GPU holds")
+        f.add_argument("--timing", choices=("burst", "sustained", "back_to_back"), default="burst",
+                       help="burst (default); sustained: finalists timed at the clock a busy GPU holds; "
+                            "back_to_back: every candidate timed back to back, as a model's forward runs it")
         f.add_argument("--no-cache", action="store_true", help="neither read nor write the tuning cache")
         f.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
 
