@@ -165,7 +165,7 @@ def main() -> int:
     ap.add_argument("--table", help="with --phases without tune: the table to serve")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=14336)
     args = ap.parse_args()

@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=HIDDEN)
     ap.add_argument("--intermediate", type=int, default=INTERMEDIATE)
     ap.add_argument("--profile", help="serve: write a cProfile report of the first forwards to this file")
-    ap.add_argument("--topk", type=int, default=8, help="carver candidates tuned per key (default 8, plus variants)")
+    ap.add_argument("--topk", type=int, default=4, help="carver candidates tuned per key (default 4, plus variants)")
     args = ap.parse_args(argv)
     if args.command == "serve" and not args.table:
         ap.error("serve needs --table PATH (the file record-tune wrote)")

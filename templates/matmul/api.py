@@ -111,7 +111,7 @@ def tuner(
     result: ``.config``, ``.latency``, ``.trials``, ``.from_cache``): ``MATMUL.tuner(problem, options)``.
 
     Candidates: ``configs`` when given (e.g. ``default_space`` for the exhaustive baseline), else the
-    carver's top ``topk`` hints plus, with ``split_k``, split-K variants of the top four tiles when they
+    carver's top ``topk`` hints plus, with ``split_k``, split-K variants of the top two when their tiles
     fill less than one wave, and, with ``variants`` on a Hopper GPU, the Hopper variants of the top
     three (the row-wise warp split and, for short K, the persistent kernel). Every candidate is checked
     against the reference with no mismatches allowed, and illegal ones are dropped by the carver's rules

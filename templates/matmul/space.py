@@ -180,25 +180,14 @@ def _tiles(problem: MatmulProblem, cfg: MatmulConfig) -> int:
 
 def split_k_variants(problem: MatmulProblem, configs: Sequence[MatmulConfig], num_sms: int, per_config: int = 3,
                      top: int = 2) -> list[MatmulConfig]:
-    """Split-K variants of the top ``top`` tiles (the best-ranked config of each distinct block_M x
-    block_N) when their output tiles fill less than one wave of SMs.
+    """Split-K variants of the top configs when their output tiles fill less than one wave of SMs.
 
     With M=64, N=4096 and 64x128 tiles there are 32 tiles for 132 SMs: three quarters of the GPU idles
     whatever the tile. Splitting K over ``s`` CTAs per tile fills it; candidates are ``s`` near
-    ``SMs / tiles`` and its neighbours, so the autotuner (not a guess) picks one. Distinct tiles, because
-    which tile streams the weights best is what the ranking gets wrong here: for 128x4096x14336 on an
-    H200 the carver's top-2 are both 64x64, and the fastest kernel timed back to back is the 64x128 of
-    its 6th hint split in two (benchmarks/data/few-rows-2026-11-22-h200).
+    ``SMs / tiles`` and its neighbours, so the autotuner (not a guess) picks one.
     """
     out: list[MatmulConfig] = []
-    seen: list[tuple[int, int]] = []
-    for cfg in configs:
-        tile = (cfg.block_M, cfg.block_N)
-        if tile in seen:
-            continue
-        if len(seen) == top:
-            break
-        seen.append(tile)
+    for cfg in configs[:top]:
         tiles = _tiles(problem, cfg)
         if cfg.split_k != 1 or tiles >= num_sms:
             continue
@@ -309,7 +298,7 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
 def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
                split_k: bool = True) -> list[MatmulConfig]:
     """The carver's top ``topk`` hints for ``arch``, best first, then (with ``split_k``) split-K variants
-    of the top four tiles when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
+    of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
     the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
     carver's ws term predicts it pays, the hand-scheduled loop). The first config is always the carver's
     top-1."""
@@ -318,7 +307,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     hints = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), topk)]
     out = list(hints)
     if split_k:
-        out += split_k_variants(problem, hints, arch.sm_count, top=4)
+        out += split_k_variants(problem, hints, arch.sm_count)
     if variants and arch.has_wgmma:
         out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
         out += [c for c in ws_variants_for(problem, hints, arch) if c not in out]
