@@ -82,7 +82,7 @@ class MatmulOp:
       the way a model's forward runs them, rather than each call alone after an L2 flush.
     """
 
-    def __init__(self, topk: int = 8, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
+    def __init__(self, topk: int = 4, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
                  tuning_args: Mapping[str, Any] | None = None) -> None:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be a positive int, got {topk!r}")
