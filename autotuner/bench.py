@@ -206,9 +206,8 @@ class Bench:
                                       [tuple(case.args[i].shape) for i in case.out_idx])
             if self.ref_latency is None:
                 ref = s.ref_prog
-                mode = "burst" if t.timing == "burst" else "sustained"  # as the finalists it is compared with
-                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device, mode=mode,
-                                                 sustain_s=t.sustain_s).median_ms
+                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device,
+                                                 mode=t.finalist_mode, sustain_s=t.sustain_s).median_ms
         return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
@@ -255,8 +254,7 @@ class Bench:
             return Trial(cfg, failed[0], failed[1], compile_s)
         case = self._case(jit)
         try:
-            # every candidate in bursts (back to back with timing="back_to_back"); finalists as spec.timing says
-            timing = self._time(jit, case, "sustained" if s.timing.timing == "back_to_back" else "burst")
+            timing = self._time(jit, case, s.timing.candidate_mode)
         except Exception as e:  # noqa: BLE001
             return Trial(cfg, Status.RUNTIME_ERROR, format_error(e), compile_s)
         why = self._written_message(case, " while being timed")
@@ -275,7 +273,7 @@ class Bench:
         if index not in self._kernels:
             self._kernels[index] = build(self.spec.kernel, cfg, self.spec.target_spec, self.spec.pass_configs)
         jit = self._kernels[index]
-        return self._time(jit, self._case(jit), "burst" if self.spec.timing.timing == "burst" else "sustained")
+        return self._time(jit, self._case(jit), self.spec.timing.finalist_mode)
 
     def local_kernel(self, index: int) -> Any | None:
         """The loaded kernel of a candidate measured in this process, or ``None``."""

@@ -417,10 +417,10 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
     One pool for a whole job, so that it never drains and refills between kernels. ``backend`` is
     ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (Ray tasks on the cluster
     :func:`.ray_cluster.connect` finds), or a joblib backend name (``"loky"``, ``"dask"``...); ``None``
-    means :func:`default_backend`. Closing the iterator early (or an
-    exception or Ctrl-C while it waits) stops every compile and worker; use ``contextlib.closing`` to make
-    that immediate rather than left to garbage collection. Temporary files go to per-compile
-    directories inside the active :func:`.procs.run_scratch`.
+    means :func:`default_backend`. Closing the iterator early (or an exception or Ctrl-C while it waits)
+    stops every compile and worker; use ``contextlib.closing`` to make that immediate rather than left to
+    garbage collection. Temporary files go to per-compile directories inside the active
+    :func:`.procs.run_scratch`.
     """
     me = os.getpid()
     scratch = procs.current_scratch()

@@ -210,8 +210,12 @@ class KeyedKernel:
         fast = self._fast.get(values) if not _LISTENERS else None
         if fast is None:
             return self.kernel_for(dict(zip(self.key, values)))
+        return self._served_fast(fast)
+
+    def _served_fast(self, fast: tuple[Any, tuple | None]) -> Any:
+        """The kernel of a fast-path entry; a fallback is still counted per call (autotuner.untuned())."""
         kernel, untuned = fast
-        if untuned is not None:  # a fallback: still counted per call (autotuner.untuned())
+        if untuned is not None:
             with self._lock:
                 self._untuned[untuned] = self._untuned.get(untuned, 0) + 1
         return kernel
@@ -224,11 +228,7 @@ class KeyedKernel:
         except (KeyError, TypeError):  # a missing name or an unhashable value: the slow path says what is wrong
             fast = raw = None
         if fast is not None:
-            kernel, untuned = fast
-            if untuned is not None:  # a fallback: still counted per call (autotuner.untuned())
-                with self._lock:
-                    self._untuned[untuned] = self._untuned.get(untuned, 0) + 1
-            return kernel
+            return self._served_fast(fast)
         exact = self._exact(key)
         b = self._bucket(exact)
         for listener in list(_LISTENERS):

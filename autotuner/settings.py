@@ -213,6 +213,16 @@ class TimingSettings:
     def __post_init__(self) -> None:
         _validate(self, [f.name for f in fields(self)])
 
+    @property
+    def candidate_mode(self) -> str:
+        """How every candidate is timed (``time_callable``'s mode): back to back only under ``back_to_back``."""
+        return "sustained" if self.timing == "back_to_back" else "burst"
+
+    @property
+    def finalist_mode(self) -> str:
+        """How the finalists, and the reference they are compared with, are timed."""
+        return "burst" if self.timing == "burst" else "sustained"
+
 
 @dataclass(frozen=True)
 class CompileSettings:

@@ -75,21 +75,34 @@ def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, A
             "tuned": [c.to_dict() for c in tuned], "winner": res.config, "winner_ms": res.latency, "rows": rows}
 
 
+def picks_of(search: dict[str, Any], n: int) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The search's ``n`` fastest checked configs and the fastest of tune()'s own candidates, by config id:
+    ``(where it comes from, config)``."""
+    ok = sorted((r for r in search["rows"] if r["ms"] is not None and r["status"] == "ok"), key=lambda r: r["ms"])
+    tuned_ids = {config_id(c) for c in search["tuned"]}
+    picks = {config_id(r["config"]): ("search", r["config"]) for r in ok[:n]}
+    best_tuned = next((r for r in ok if config_id(r["config"]) in tuned_ids), None)
+    if best_tuned is not None:
+        picks[config_id(best_tuned["config"])] = ("tune", best_tuned["config"])
+    return picks
+
+
+def operands(M: int, N: int, K: int, dtype: str) -> tuple[Any, Any]:
+    """``x`` (M, K) and ``W`` (N, K) on the GPU, ``W`` scaled so that ``x @ W.T`` stays near 1."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    return torch.randn(M, K, device="cuda", dtype=dt), torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+
+
 def phase_versus(search: dict[str, Any], args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     import torch
 
     from templates import matmul
 
     M, N, K = map(int, search["shape"].split("x"))
-    ok = sorted((r for r in search["rows"] if r["ms"] is not None and r["status"] == "ok"), key=lambda r: r["ms"])
-    tuned_ids = {config_id(c) for c in search["tuned"]}
-    picks = {config_id(r["config"]): ("search", r["config"]) for r in ok[:4]}
-    best_tuned = next((r for r in ok if config_id(r["config"]) in tuned_ids), None)
-    if best_tuned is not None:
-        picks[config_id(best_tuned["config"])] = ("tune", best_tuned["config"])
-    dt = getattr(torch, args.dtype)
-    x = torch.randn(M, K, device="cuda", dtype=dt)
-    w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+    picks = picks_of(search, 4)
+    x, w = operands(M, N, K, args.dtype)
     kernels = {}
     for cid, (_, cfg) in picks.items():
         kernels[cid] = matmul.compile(M, N, K, config=cfg, dtype=args.dtype)
@@ -139,15 +152,8 @@ def phase_served(search: dict[str, Any], args: argparse.Namespace, clock: Clock)
     from templates.matmul.op import gemm
 
     M, N, K = map(int, search["shape"].split("x"))
-    ok = sorted((r for r in search["rows"] if r["ms"] is not None and r["status"] == "ok"), key=lambda r: r["ms"])
-    tuned_ids = {config_id(c) for c in search["tuned"]}
-    picks = {config_id(r["config"]): r["config"] for r in ok[:2]}
-    best_tuned = next((r for r in ok if config_id(r["config"]) in tuned_ids), None)
-    if best_tuned is not None:
-        picks[config_id(best_tuned["config"])] = best_tuned["config"]
-    dt = getattr(torch, args.dtype)
-    x = torch.randn(M, K, device="cuda", dtype=dt)
-    w = torch.randn(N, K, device="cuda", dtype=dt) / K**0.5
+    picks = {cid: cfg for cid, (_, cfg) in picks_of(search, 2).items()}
+    x, w = operands(M, N, K, args.dtype)
     ref = (x @ w.T).float()
     kernels: dict[str, Any] = {}
     for cid, cfg in picks.items():

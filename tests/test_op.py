@@ -99,7 +99,7 @@ def test_a_call_signature_is_decided_once_and_its_kernel_asked_for_every_call(mo
         if not isinstance(out, str) or "not CUDA" not in out:
             return out
         M, K = x.numel() // w.shape[1], w.shape[1]
-        return fake, (M, w.shape[0], K, x.dtype), M, w.shape[0], K  # as a CUDA call would be decided
+        return fake, (M, w.shape[0], K, x.dtype)  # as a CUDA call would be decided
 
     monkeypatch.setattr(mop, "_decide", decide)
     monkeypatch.setattr(mop, "_DECIDED", {})

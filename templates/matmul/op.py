@@ -147,7 +147,6 @@ class MatmulOp:
 _OP: list[MatmulOp | None] = [None]
 _LOCK = threading.Lock()
 _SAID: set[str] = set()
-_REFUSED: dict[tuple, str | None] = {}
 _DECIDED: dict[tuple, str | tuple] = {}  # a call signature -> its fallback reason or its kernel (see _forward)
 
 
@@ -166,7 +165,6 @@ def configure(**settings: Any) -> MatmulOp:
     with _LOCK:
         _OP[0] = MatmulOp(**settings)
         _DECIDED.clear()  # decisions name the old op's kernels: let them go
-        _REFUSED.clear()
     return _OP[0]
 
 
@@ -185,16 +183,6 @@ def _fallback_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     if bias is not None and (bias.dtype != x.dtype or bias.device != x.device or bias.shape != weight.shape[:1]):
         return f"a bias of {bias.dtype} {tuple(bias.shape)} on {bias.device} (expected the weight's dtype and rows)"
     return None
-
-
-def _refusal(op: MatmulOp, M: int, N: int, K: int, dtype: torch.dtype) -> str | None:
-    """The op's :meth:`MatmulOp.refusal`, remembered per shape (it builds a checked problem)."""
-    key = (id(op), M, N, K, dtype)
-    if key not in _REFUSED:
-        if len(_REFUSED) > 4096:
-            _REFUSED.clear()
-        _REFUSED[key] = op.refusal(M, N, K, str(dtype).removeprefix("torch."))
-    return _REFUSED[key]
 
 
 @functools.cache
@@ -231,7 +219,8 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     if isinstance(decided, str):
         _say_once(decided)
         return F.linear(x, weight, bias)
-    kk, values, M, N, K = decided
+    kk, values = decided
+    M, N, K = values[:3]
     x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(M, K).contiguous()
     kernel = kk.kernel_for_values(values)
     if _several_gpus() and x.device.index != torch.cuda.current_device():
@@ -245,18 +234,19 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
 
 
 def _decide(op: MatmulOp, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | tuple:
-    """For a call signature: why it goes to ``F.linear`` (said once), else ``(keyed kernel, key values,
-    M, N, K)``."""
+    """For a call signature: why it goes to ``F.linear`` (said once), else ``(keyed kernel, key values)``,
+    the values ``(M, N, K, dtype)``. Judged once per signature (``_DECIDED``), the carver's problem rules
+    included."""
     reason = _fallback_reason(x, weight, bias)
     if reason is None:
         N, K = weight.shape
         M = x.numel() // K
         if M == 0:
             return "inputs with no rows"
-        reason = _refusal(op, M, N, K, x.dtype)
+        reason = op.refusal(M, N, K, str(x.dtype).removeprefix("torch."))
     if reason is not None:
         return reason
-    return op.kernel(M), (M, N, K, x.dtype), M, N, K
+    return op.kernel(M), (M, N, K, x.dtype)
 
 
 @torch.library.custom_op("tilecarve::matmul", mutates_args=())
