@@ -8,9 +8,9 @@
     tmpl.validate(config)                      # [] if legal, else what is wrong and how to fix it
 
 The search covers more than TileLang's 288-config grid (block 192/96/32, 4+ stages, block_K 128,
-384 threads) but only legal configs, and it hedges: at most half of the hints may come from outside
-the region the constants were calibrated on, so a wrong extrapolation cannot push every measured
-winner out of the top-k.
+384 threads, split-K where the tiles underfill the GPU) but only legal configs, and it hedges: at most
+half of the hints may come from outside the region the constants were calibrated on, so a wrong
+extrapolation cannot push every measured winner out of the top-k.
 """
 
 from __future__ import annotations
@@ -115,6 +115,8 @@ class Ranking:
 _CALIBRATED = dict(block=(64, 128, 256), k_bytes=(64, 128), stages=(0, 1, 2, 3), threads=(128, 256))
 #: How much faster (fraction) an extrapolated config must be predicted to rank above a calibrated one.
 EXTRAPOLATION_MARGIN = 0.05
+#: Splits the search adds for configs whose output tiles fill less than one wave of SMs.
+SPLIT_K_SEARCH = (2, 3, 4, 6, 8)
 
 
 class MatmulTemplate:
@@ -241,15 +243,22 @@ class MatmulTemplate:
         threads = [128, 256, 384] if hopper else [64, 128, 256]
         grid = np.array(list(itertools.product(blocks_m, blocks_n, blocks_k, stages, threads, (1, 0))),
                         dtype=np.int64)
-        ones = np.ones(len(grid), dtype=np.int64)
+        # Split-K where a config's output tiles fill less than one wave: the splits that keep the grid
+        # within two waves (few-row shapes such as 128x4096x14336, where 64x128 tiles give 64 CTAs).
+        tiles = -(-p.M // grid[:, 0]) * -(-p.N // grid[:, 1])
+        rows = [np.column_stack([grid, np.ones(len(grid), dtype=np.int64)])]
+        for s in SPLIT_K_SEARCH:
+            under = grid[(tiles < arch.sm_count) & (tiles * s <= 2 * arch.sm_count)]
+            rows.append(np.column_stack([under, np.full(len(under), s, dtype=np.int64)]))
+        grid = np.concatenate(rows)
         return ConfigArrays(grid[:, 0], grid[:, 1], grid[:, 2], grid[:, 3], grid[:, 4], grid[:, 5],
-                            ones * 10, ones)
+                            np.full(len(grid), 10, dtype=np.int64), grid[:, 6])
 
     def _calibrated(self, cfgs: ConfigArrays) -> np.ndarray:
         k_bytes = cfgs.block_K * self.problem.in_bytes
         return (np.isin(cfgs.block_M, _CALIBRATED["block"]) & np.isin(cfgs.block_N, _CALIBRATED["block"])
                 & np.isin(k_bytes, _CALIBRATED["k_bytes"]) & np.isin(cfgs.num_stages, _CALIBRATED["stages"])
-                & np.isin(cfgs.thread_num, _CALIBRATED["threads"]))
+                & np.isin(cfgs.thread_num, _CALIBRATED["threads"]) & (cfgs.split_k == 1))
 
     def recommend_hints(self, topk: int = 8) -> list[Hint]:
         """The ``topk`` best legal configs by predicted latency, best first (deterministic).

@@ -29,6 +29,7 @@ from carver import (
 )
 from carver.arch import ARCHS, known_names
 from carver.lowering import lower
+from carver.matmul import SPLIT_K_SEARCH
 from carver.problem import MatmulProblem
 from carver.validity import legal_mask
 
@@ -121,7 +122,7 @@ def test_every_arch_gives_legal_hints(arch_name):
         assert 1 <= len(hints) <= 8, (arch_name, M, N, K, dt)
         for h in hints:
             c = h.to_config()
-            assert set(c) == SIX, c
+            assert SIX <= set(c) <= SIX | {"split_k"}, c
             assert tmpl.validate(c) == [], (arch_name, M, N, K, dt, c)
             assert c["block_M"] % 16 == 0 and c["block_N"] % 8 == 0  # never a 17-row tile
             assert h.prediction.latency_ms > 0 and h.prediction.legal
@@ -372,3 +373,18 @@ def test_local_device_overlays_what_the_driver_reports(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", fake_torch("Future GPU", 12, 0, 200))
     with pytest.raises(ValueError, match="GPUArch"):
         CUDA("cuda")
+
+
+def test_split_k_is_searched_only_where_the_tiles_underfill_the_gpu():
+    """Few rows (128x4096x14336: 64x128 tiles give 64 CTAs for 132 SMs) search split-K, up to two waves;
+    a shape whose tiles fill the GPU searches none."""
+    h200 = CUDA("H200")
+    few = MatmulTemplate(128, 4096, 14336).with_arch(h200)
+    space = few.search_space()
+    split = space.split_k > 1
+    assert split.any() and set(np.unique(space.split_k[split])) <= set(SPLIT_K_SEARCH)
+    tiles = -(-128 // space.block_M) * -(-4096 // space.block_N)
+    assert (tiles[split] < h200.sm_count).all() and (tiles[split] * space.split_k[split] <= 2 * h200.sm_count).all()
+    for h in few.recommend_hints(8):
+        assert few.validate(h.to_config()) == []
+    assert (MatmulTemplate(8192, 8192, 8192).with_arch(h200).search_space().split_k == 1).all()
