@@ -115,6 +115,10 @@ class Ranking:
 _CALIBRATED = dict(block=(64, 128, 256), k_bytes=(64, 128), stages=(0, 1, 2, 3), threads=(128, 256))
 #: How much faster (fraction) an extrapolated config must be predicted to rank above a calibrated one.
 EXTRAPOLATION_MARGIN = 0.05
+#: A calibrated config hedges against extrapolated ones only while predicted within this factor of the
+#: best: 64x64 tiles predicted at 71 us against 49 us for split-K measured 75-93 us against 43-48 (H200,
+#: benchmarks/data/few-rows-2026-11-22b-h200).
+HEDGE_RANGE = 1.25
 #: Splits the search adds for configs whose output tiles fill less than one wave of SMs.
 SPLIT_K_SEARCH = (2, 3, 4, 6, 8)
 
@@ -265,7 +269,8 @@ class MatmulTemplate:
 
         Configs outside the region the constants were calibrated on (TileLang's 288-config grid) must be
         predicted :data:`EXTRAPOLATION_MARGIN` faster to rank above a calibrated one, every prefix of the
-        list holds at most half (rounded up) of them, and an extrapolated hint must bring a new tile
+        list holds at most half (rounded up) of them while a calibrated config is predicted within
+        :data:`HEDGE_RANGE` of the best, and an extrapolated hint must bring a new tile
         shape (or be >1% better than the same tile already chosen). Rasterization on/off twins that the
         model cannot tell apart count once. ``recommend_hints(k)`` is a prefix of ``recommend_hints(k+1)``.
         """
@@ -300,12 +305,16 @@ class MatmulTemplate:
     def _select(cfgs: ConfigArrays, lat: np.ndarray, outside: np.ndarray, order: list[int],
                 topk: int) -> list[int]:
         """Merge the calibrated and the extrapolated candidates (each in ``order``) so that every prefix
-        of the hint list holds at most half (rounded up) extrapolated configs; the list is therefore the
+        of the hint list holds at most half (rounded up) extrapolated configs while the next calibrated one
+        is predicted within ``HEDGE_RANGE`` of the best; the list is therefore the
         same whatever ``topk`` is. Rasterization twins the model cannot tell apart count once, and an
         extrapolated pick must bring a new tile shape or be >1% better than that tile's pick so far."""
         inside = [i for i in order if not outside[i]]
         beyond = [i for i in order if outside[i]]
         rank = {i: r for r, i in enumerate(order)}
+        # A calibrated config predicted far slower than the best is no hedge: the model's error is
+        # smaller than that gap (few-row shapes, where only split-K or deep pipelines fill the GPU).
+        near = lat <= HEDGE_RANGE * lat.min()
         chosen: list[int] = []
         seen: dict[tuple, float] = {}   # config less rasterization -> predicted latency
         tiles: dict[tuple, float] = {}  # (block_M, block_N, block_K) -> best predicted latency chosen
@@ -324,7 +333,7 @@ class MatmulTemplate:
             while beyond and (twin(beyond[0]) or (tile_of(beyond[0]) in tiles
                                                   and lat[beyond[0]] >= 0.99 * tiles[tile_of(beyond[0])])):
                 beyond.pop(0)
-            room = n_out + 1 <= -(-(len(chosen) + 1) // 2)
+            room = n_out + 1 <= -(-(len(chosen) + 1) // 2) or not (inside and near[inside[0]])
             take_out = beyond and room and (not inside or rank[beyond[0]] < rank[inside[0]])
             if not take_out and not inside:
                 break  # only extrapolated configs are left and the prefix rule forbids them here
