@@ -56,6 +56,12 @@ __all__ = ["raise_errors", "tune_all"]
 
 logger = logging.getLogger(__name__)
 
+#: The fewest candidates re-timed in rounds (when that many succeeded). One timing per candidate drifts
+#: by more than a 3% margin between the first and the last of a job (the GPU's clock moves with what ran
+#: before): on an H200 (2026-11-22, benchmarks/data/model-mlp-2026-11-22d-h200) a candidate timed
+#: 1471.5 us was left out of rounds that then timed both finalists at 1485 and 1502 us.
+MIN_FINALISTS = 3
+
 #: The run settings a job shares (one pool, one measuring side); plans that differ go in separate jobs.
 _SHARED = ("n_jobs", "backend", "isolate", "run_timeout", "devices", "allow_mixed_devices")
 
@@ -386,9 +392,10 @@ class _PlanRun:
         self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases)
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
-        """Re-time every candidate within ``finalist_margin`` of the fastest in interleaved rounds (each
-        round times each finalist once, in a rotated order), so that drift in clocks or load between
-        two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
+        """Re-time every candidate within ``finalist_margin`` of the fastest, and at least the
+        :data:`MIN_FINALISTS` fastest, in interleaved rounds (each round times each finalist once, in a
+        rotated order), so that drift in clocks or load between two candidates' measurements cannot
+        decide the pick. Returns the finalists that survived."""
         t, trials = self.plan.spec.timing, self.trials
         ok = sorted((i for i, tr in enumerate(trials) if tr is not None and tr.status == Status.OK),
                     key=lambda i: trials[i].median_ms)
@@ -396,7 +403,7 @@ class _PlanRun:
             return ok
         fastest = trials[ok[0]].median_ms
         finalists = [i for i in ok if trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
-        finalists = (finalists if len(finalists) >= 2 else ok[:2])[: t.max_finalists]
+        finalists = (finalists if len(finalists) >= MIN_FINALISTS else ok[:MIN_FINALISTS])[: t.max_finalists]
         rounds: dict[int, list[Any]] = {i: [] for i in finalists}
         on = bench.finalist_device if isinstance(bench, DevicePool) else None  # every finalist on one device
         for r in range(t.finalist_rounds):

@@ -342,7 +342,8 @@ class AutoTuner:
           is timed the way the finalists are.
           ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
           a few microseconds, where launch overhead would dominate).
-        * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest, at most
+        * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest (and at least
+          the three fastest: ``autotuner.job.MIN_FINALISTS``), at most
           ``max_finalists``, are re-timed in ``finalist_rounds`` interleaved rounds; the pick is the
           lowest median over those rounds, and each finalist's spread is recorded.
         * ``recheck``: a winner served from the database, or loaded again in this process, is

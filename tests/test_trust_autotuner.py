@@ -425,6 +425,39 @@ def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_the
     assert warm.from_cache and warm.config == r.config and warm.trials[2].rounds == 3
 
 
+def test_the_three_fastest_are_finalists_even_when_one_timing_leads_by_more_than_the_margin(monkeypatch):
+    """One timing per candidate drifts between the first and last of a job: a candidate 5% behind the
+    first pass's fastest (outside the 3% margin) still goes to the rounds, and wins there."""
+    import autotuner.bench as bench_mod
+    from autotuner.job import MIN_FINALISTS
+    from autotuner.timing import Timing
+
+    first = {0: 1.00, 1: 1.05, 2: 1.06, 3: 1.20}  # in the first pass config 0 looks 5% ahead
+    rounds = {0: 1.03, 1: 1.01, 2: 1.04, 3: 0.5}  # in rounds config 1 is the fastest; 3 never gets there
+    real_measure = bench_mod.Bench.measure
+    retimed: list[int] = []
+
+    def fake_measure(self, index, cfg, compile_s):
+        t = real_measure(self, index, cfg, compile_s)
+        return Trial(t.config, t.status, t.error, t.compile_s, first[index], first[index], 0.0)
+
+    def fake_retime(self, index, cfg):
+        retimed.append(index)
+        return Timing(rounds[index], rounds[index], 0.0, 5)
+
+    monkeypatch.setattr(bench_mod.Bench, "measure", fake_measure)
+    monkeypatch.setattr(bench_mod.Bench, "retime", fake_retime)
+    cfgs = [dict(block_M=bm) for bm in (8, 16, 32, 64)]
+    r = tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, cache=False,
+                                    finalist_rounds=2).run(1, 2)
+    assert MIN_FINALISTS == 3 and set(retimed) == {0, 1, 2}
+    assert r.config == dict(block_M=16)
+    retimed.clear()
+    tuner(add, cfgs).set_tuning(n_jobs=1, isolate=False, progress=False, cache=False, finalist_rounds=2,
+                                max_finalists=2).run(1, 2)
+    assert set(retimed) == {0, 1}  # max_finalists still caps the rounds
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. a run's temporary files go with it
 
