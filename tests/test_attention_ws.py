@@ -99,6 +99,7 @@ NVCC_CASES = {
 @pytest.mark.nvcc
 @pytest.mark.parametrize("name", list(NVCC_CASES))
 def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
+    import tilelang  # noqa: F401 - puts its bundled tvm on the path
     from test_matmul_ws_nvcc import compile_with_ptxas_log
     from tvm.target import Target
 
