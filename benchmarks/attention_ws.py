@@ -43,6 +43,7 @@ def check_in_child(args: argparse.Namespace, shape: tuple) -> list[dict[str, Any
     out = Path(args.out) / "check" / f"{label(shape, args.dtype)}.json"
     cmd = [sys.executable, __file__, "--child", ",".join(str(int(v)) for v in shape), "--out", str(out),
            "--dtype", args.dtype, "--jobs", str(args.jobs)]
+    out.unlink(missing_ok=True)  # never an earlier run's answer
     try:
         subprocess.run(cmd, timeout=args.check_timeout, check=False)
     except subprocess.TimeoutExpired:
