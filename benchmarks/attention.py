@@ -18,7 +18,9 @@ Steps (``--steps grid,holdout,torch``, all by default):
   SDPA gets the BSHD tensors as BHSD views (no copy); a backend that refuses ``enable_gqa`` gets K and
   V repeated to every query head beforehand (not timed), and the row says so.
 
-A shape is ``B,H,H_kv,S,D,causal`` (causal 0 or 1), fp16 unless ``--dtype bfloat16``.
+A shape is ``B,H,H_kv,S,D,causal`` (causal 0 or 1), fp16 unless ``--dtype bfloat16``. The candidates
+here are the T.Pipelined program's (``variants=False``); ``benchmarks/attention_ws.py`` races the
+hand-scheduled ``variant="ws"``.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ class Bench:
                 continue
             problem = self.problem(shape)
             space = ATTENTION.space(problem)
-            hints = ATTENTION.candidates(problem, self.arch, 8)
+            hints = ATTENTION.candidates(problem, self.arch, 8, variants=False)  # ws: attention_ws.py
             todo = space + [h for h in hints if h not in space]
             qkv = self.inputs(shape)
             t = time.time()
@@ -166,7 +168,7 @@ class Bench:
             problem = self.problem(shape)
             q, k, v = self.inputs(shape)
             ref = ATTENTION.reference(problem)(q, k, v)
-            hints = ATTENTION.candidates(problem, self.arch, 8)
+            hints = ATTENTION.candidates(problem, self.arch, 8, variants=False)  # ws: attention_ws.py
             kernels: dict[str, Any] = {}
             measured = measure_configs(ATTENTION, problem, hints, (q, k, v), ref, self.clock, self.args.jobs,
                                        kernels=kernels)

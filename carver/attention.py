@@ -15,6 +15,8 @@ The model is Roller-style, per CTA step (one ``block_N`` slice of keys) on one S
   ``O`` rescale per output element. A warpgroup waits for its own products (TileLang 0.1.15 emits
   ``warpgroup_wait<0>`` after each ``T.gemm``), so tensor and softmax overlap only across the
   warpgroups resident on the SM: ``hidden = wg_overlap * (1 - 1/warpgroups) * min(tensor, softmax)``;
+  the hand-scheduled ``variant="ws"`` (ping-pong warpgroups, ``P V`` in flight during the softmax) hides
+  ``ws_overlap * min(tensor, softmax)``;
 * **load latency** of the K and V tiles over the stages in flight (a TMA producer on Hopper, whose
   separate K and V barriers give ``kv_lead`` stages' worth of lead even at ``num_stages=1``; cp.async
   otherwise), a small per-step cost of rotating buffers when ``num_stages >= 2`` (dynamic barrier
@@ -46,12 +48,19 @@ __all__ = [
     "ATTENTION_DTYPES",
     "ATTENTION_GRID",
     "ATTENTION_KEYS",
+    "ATTENTION_OPTIONAL_KEYS",
+    "ATTENTION_VARIANTS",
+    "ATTENTION_WS_GRID",
+    "WS_CONSUMER_REGS",
+    "WS_PRODUCER_REGS",
+    "WS_PRODUCER_THREADS",
     "AttentionConstants",
     "AttentionHint",
     "AttentionPrediction",
     "AttentionProblem",
     "AttentionTemplate",
     "attention_space",
+    "attention_ws_space",
     "check_attention_config",
     "normalize_attention_config",
 ]
@@ -141,6 +150,11 @@ class AttentionProblem:
 # Config keys and rules (the one validity function; templates.attention asks it)
 # --------------------------------------------------------------------------------------------------
 ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads")
+#: ``variant``: TileLang's ``T.Pipelined`` loop (``program.py``) or the hand-scheduled Hopper loop
+#: (``ws_program.py``: TMA producer, two consumer warpgroups overlapping the softmax with the GEMMs).
+ATTENTION_VARIANTS: tuple[str, ...] = ("pipelined", "ws")
+#: Keys a config may leave out, with the value that stands for them.
+ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined"}
 # key: (lowest, highest, multiple of, fix)
 _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
     "block_M": (16, 256, 16, "use 64 or 128 query rows per CTA"),
@@ -152,7 +166,17 @@ _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
 ATTENTION_GRID: dict[str, tuple[Any, ...]] = {
     "block_M": (64, 128), "block_N": (32, 64, 128), "num_stages": (1, 2, 3), "threads": (128, 256),
 }
+#: The ws variant's grid: two consumer warpgroups of 64 rows each.
+ATTENTION_WS_GRID: dict[str, tuple[Any, ...]] = {
+    "block_M": (128,), "block_N": (64, 128), "num_stages": (1, 2, 3), "threads": (256,), "variant": ("ws",),
+}
 _PRODUCER_THREADS = 128
+#: The ws variant: its producer warpgroup and the setmaxnreg budgets (128*40 + 256*232 <= 64K registers).
+WS_PRODUCER_THREADS = _PRODUCER_THREADS
+WS_PRODUCER_REGS = 40
+WS_CONSUMER_REGS = 232
+#: Registers a ws consumer thread keeps beside its fragments (addresses, row statistics, predicates).
+_WS_REG_MARGIN = 48
 
 
 def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -160,16 +184,21 @@ def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
     A bad key or value is a ValueError / TypeError naming it, the value and the fix."""
     if not isinstance(config, Mapping):
         raise TypeError(f"an attention config must be a dict, got {config!r}")
-    unknown = [k for k in config if k not in ATTENTION_KEYS]
+    unknown = [k for k in config if k not in ATTENTION_KEYS and k not in ATTENTION_OPTIONAL_KEYS]
     missing = [k for k in ATTENTION_KEYS if k not in config]
     if unknown or missing:
         raise ValueError(f"config {dict(config)}: unknown key(s) {unknown}, missing {missing}; an attention config "
-                         f"takes {list(ATTENTION_KEYS)}")
+                         f"takes {list(ATTENTION_KEYS)} and optionally {list(ATTENTION_OPTIONAL_KEYS)}")
     out: dict[str, Any] = {}
     for key, (lo, hi, step, fix) in _INT_KEYS.items():
         out[key] = int_in_range(config[key], key, lo, hi, fix=fix)
         if out[key] % step:
             raise ValueError(f"{key} must be a multiple of {step}, got {config[key]!r}; {fix}")
+    variant = config.get("variant", ATTENTION_OPTIONAL_KEYS["variant"])
+    if variant not in ATTENTION_VARIANTS:
+        raise ValueError(f"variant must be one of {list(ATTENTION_VARIANTS)}, got {variant!r}; 'pipelined' is "
+                         f"TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop")
+    out["variant"] = variant
     return out
 
 
@@ -178,15 +207,17 @@ def _uses_wgmma(c: Mapping[str, Any], arch: GPUArch) -> bool:
 
 
 def _warp_specialized(c: Mapping[str, Any], arch: GPUArch) -> bool:
-    """TMA producer warpgroup: sm_90+ and a pipelined loop (read in the sm_90a source)."""
-    return arch.has_tma and c["num_stages"] >= 1
+    """TMA producer warpgroup: sm_90+ and a pipelined loop (read in the sm_90a source), or the ws variant."""
+    return arch.has_tma and (c["num_stages"] >= 1 or c["variant"] == "ws")
 
 
 def _smem_bytes(problem: AttentionProblem, c: Mapping[str, Any]) -> int:
-    """Q tile (O reuses it) plus K and V tiles per stage, rounded to 1 KB, plus barriers."""
+    """Q tile plus K and V tiles per stage, rounded to 1 KB, plus barriers. O reuses Q's tile in the
+    T.Pipelined loop; in the ws variant both live in the consumer branch, so O's tile sits beside."""
     b, D = problem.elem_bytes, problem.dim
     stages = max(c["num_stages"], 1)
-    dyn = c["block_M"] * D * b + stages * 2 * c["block_N"] * D * b
+    tiles = 2 if c["variant"] == "ws" else 1
+    dyn = tiles * c["block_M"] * D * b + stages * 2 * c["block_N"] * D * b
     return -(-dyn // 1024) * 1024 + 16 * stages + 64
 
 
@@ -201,9 +232,28 @@ def _acc_reg_limit(c: Mapping[str, Any], arch: GPUArch) -> int:
     """Fragment registers that fit without spilling: 192 of the 240 setmaxnreg gives 1-2 consumer
     warpgroups (96 of 160 for 3), as measured for the GEMM (carver/lowering.py); without a producer, the
     launch cap less what addresses, row statistics and predicates keep live."""
+    if c["variant"] == "ws":
+        return WS_CONSUMER_REGS - _WS_REG_MARGIN
     if _warp_specialized(c, arch):
         return 192 if c["threads"] <= 256 else 96
     return min(arch.max_regs_per_thread, arch.regs_per_sm // c["threads"] // 8 * 8) - 72
+
+
+def _ws_problems(c: Mapping[str, Any]) -> list[str]:
+    """What the hand-scheduled loop (``variant="ws"``) cannot do on any GPU."""
+    out = []
+    if c["threads"] != 256:
+        out.append(f"variant='ws' runs two consumer warpgroups (threads=256; the 128-thread producer is launched on "
+                   f"top), got threads={c['threads']}; use threads=256")
+    if c["block_M"] != 128:
+        # 256 rows: the Q K^T accumulator deals rows 0-63 and 128-191 to warpgroup 0, the P V operand wants
+        # rows 0-127 there (TileLang 0.1.15: "Layout infer conflict between acc_s and acc_p")
+        out.append(f"variant='ws' gives each of its two consumer warpgroups 64 query rows: block_M must be 128, got "
+                   f"block_M={c['block_M']}; use block_M=128")
+    if c["num_stages"] < 1:
+        out.append(f"variant='ws' loads K and V into a ring of num_stages stages, got num_stages={c['num_stages']}; "
+                   f"use num_stages=2")
+    return out
 
 
 def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
@@ -222,8 +272,14 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
         out.append(f"threads={t} is {warps} warps, each owning whole rows of the {bm}x{bn} score tile (FullRow, "
                    f"16 rows at least), so block_M must be a multiple of {16 * warps}, got block_M={bm}; use "
                    f"threads={32 * fit} or block_M={16 * warps}")
+    if c["variant"] == "ws":
+        out += _ws_problems(c)
     if arch is None:
         return out
+    if c["variant"] == "ws" and not (arch.has_wgmma and arch.has_tma):
+        cc = "".join(map(str, arch.compute_capability))
+        out.append(f"variant='ws' needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg); {arch.name} "
+                   f"is sm_{cc}; use variant='pipelined'")
     if problem.causal and not arch.has_tma and c["num_stages"] >= 2:
         out.append(f"causal with num_stages={c['num_stages']} on {arch.name}: TileLang 0.1.15 cannot generate the "
                    f"cp.async pipeline over the causal loop's run-time trip count (codegen fails: 'Downcast from "
@@ -250,6 +306,11 @@ def attention_space() -> list[dict[str, Any]]:
     return [dict(zip(ATTENTION_GRID, v)) for v in itertools.product(*ATTENTION_GRID.values())]
 
 
+def attention_ws_space() -> list[dict[str, Any]]:
+    """The ws variant's grid (:data:`ATTENTION_WS_GRID`)."""
+    return [dict(zip(ATTENTION_WS_GRID, v)) for v in itertools.product(*ATTENTION_WS_GRID.values())]
+
+
 # --------------------------------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------------------------------
@@ -268,6 +329,7 @@ class AttentionConstants:
     cta_overhead_us: float            # per CTA: Q load issue, normalisation, O store
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
     p: float                          # p-norm that blends the per-step limits
+    ws_overlap: float = 0.9           # ws variant: share of min(tensor, softmax) its schedule hides (a guess)
 
     def replace(self, **changes: float) -> AttentionConstants:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -427,7 +489,8 @@ class AttentionTemplate:
         cuda_eff = warps_sm / (warps_sm + a.min_warps_per_sm)
         softmax = occ * (bm * bn * a.softmax_cycles_per_score + bm * D * a.rescale_cycles_per_output) / clock / cuda_eff
         groups = occ * max(1, t // 128)
-        hidden = a.wg_overlap * (1.0 - 1.0 / groups)
+        # ws: ping-pong plus P V in flight during the softmax hide nearly all of the shorter of the two
+        hidden = a.ws_overlap if c["variant"] == "ws" else a.wg_overlap * (1.0 - 1.0 / groups)
         compute = (tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
                    + a.stage_cost_us * (stages >= 2))
         step_bytes = 2 * bn * D * b

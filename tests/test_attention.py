@@ -12,7 +12,7 @@ from carver.arch import CUDA
 from carver.attention import AttentionTemplate, check_attention_config
 from templates import attention
 from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
-from templates.attention.space import PER_BLOCK
+from templates.attention.space import PER_BLOCK, WS_TOP
 from templates.protocol import CUDAUnavailableError, Template, TuneOptions
 
 LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
@@ -110,8 +110,8 @@ def test_candidates_are_ranked_deterministic_and_quick(arch):
     ms = (time.perf_counter() - t) * 1e3
     print(f"attention recommend_hints(8) {arch}: {ms:.1f} ms")  # the bound is 50 ms on a workstation
     assert ms < 200
-    top = ATTENTION.candidates(p, CUDA(arch), 8)
-    assert top == ATTENTION.candidates(p, CUDA(arch), 8)
+    top = ATTENTION.candidates(p, CUDA(arch), 8, variants=False)  # the ws variant's: test_attention_ws.py
+    assert top == ATTENTION.candidates(p, CUDA(arch), 8, variants=False)
     legal = [c for c in ATTENTION.space(p) if not ATTENTION.check(p, c, CUDA(arch))]
     assert len(top) == min(8, len(legal)) == len(set(top)) and all(c in legal for c in top)
     assert all(ATTENTION.check(p, c, CUDA(arch)) == [] for c in top)
@@ -120,7 +120,7 @@ def test_candidates_are_ranked_deterministic_and_quick(arch):
     shapes = [(c.block_M, c.block_N) for c in top]
     assert max(shapes.count(s) for s in shapes) <= PER_BLOCK
     with pytest.raises(ValueError, match="pass arch"):
-        ATTENTION.candidates(p, None, 8)
+        ATTENTION.candidates(p, None, 8, variants=False)
 
 
 def test_model_is_monotone_where_physics_says_so():
@@ -207,7 +207,10 @@ def test_template_protocol_and_no_gpu_path():
     with pytest.raises(ValueError, match="C target"):
         ATTENTION.resolve(p, "c")
     tuner = ATTENTION.tuner(p, TuneOptions(target="sm_90a", topk=4))
-    assert len(tuner.configs) == 4  # the carver's top 4, no variants appended
+    assert len(tuner.configs) == 4 + WS_TOP  # the carver's top 4, then the ws variant's best on Hopper
+    assert [c.get("variant", "pipelined") for c in tuner.configs] == ["pipelined"] * 4 + ["ws"] * WS_TOP
+    plain = ATTENTION.tuner(p, TuneOptions(target="sm_90a", topk=4, variants=False))
+    assert len(plain.configs) == 4
     func = attention.kernel(1, 4, 100, 64, 64, 32, 2, 128, causal=True)  # builds, compiles nothing
     assert [str(b.dtype) for b in func.buffer_map.values()] == ["float16"] * 4
     with pytest.raises(ValueError, match="use threads=128"):

@@ -96,13 +96,13 @@ def _attention_model(s: Mapping[str, Any], arch: Any) -> Any:
 def _attention_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dict[str, Any]]:
     from templates.attention.space import candidates
 
-    return [c.to_dict() for c in candidates(_attention_problem(s), arch, k)]
+    return [c.to_dict() for c in candidates(_attention_problem(s), arch, k, variants=False)]
 
 
 def _attention_keys() -> tuple[str, ...]:
-    from carver.attention import ATTENTION_KEYS
+    from carver.attention import ATTENTION_KEYS, ATTENTION_OPTIONAL_KEYS
 
-    return ATTENTION_KEYS
+    return ATTENTION_KEYS + tuple(ATTENTION_OPTIONAL_KEYS)
 
 
 #: One entry per family the grids may name (``summary["family"]``). A new family adds one line.
@@ -110,7 +110,7 @@ FAMILIES: dict[str, Family] = {
     "matmul": Family(_matmul_model, lambda m, s, a, k: [h.to_config() for h in m.recommend_hints(topk=k)],
                      defaults={"panel_size": 10, "split_k": 1}),
     "gemv": Family(_gemv_model, _gemv_hints, defaults={"split_k": 1}),
-    "attention": Family(_attention_model, _attention_hints, keys=_attention_keys),
+    "attention": Family(_attention_model, _attention_hints, keys=_attention_keys, defaults={"variant": "pipelined"}),
 }
 
 

@@ -1,5 +1,6 @@
 """The attention family's types: its problem (:class:`AttentionProblem`, flash-attention forward in the
-BSHD layout, MHA or GQA, causal or not) and its config (:class:`AttentionConfig`, the four reserved keys).
+BSHD layout, MHA or GQA, causal or not) and its config (:class:`AttentionConfig`, the four reserved keys and
+the ``variant``).
 
 The problem is the carver's own (``carver.attention.AttentionProblem``, as matmul's is
 ``carver.problem.MatmulProblem``) and the per-key and per-GPU rules are the carver's
@@ -13,7 +14,7 @@ from typing import Any
 
 from carver.attention import ATTENTION_DIMS as DIMS
 from carver.attention import ATTENTION_DTYPES as DTYPES
-from carver.attention import AttentionProblem, normalize_attention_config
+from carver.attention import ATTENTION_OPTIONAL_KEYS, AttentionProblem, normalize_attention_config
 from templates.protocol import TemplateConfig
 
 __all__ = ["DIMS", "DTYPES", "AttentionConfig", "AttentionProblem", "make_problem", "torch_dtype"]
@@ -34,13 +35,15 @@ def torch_dtype(name: str) -> Any:
 class AttentionConfig(TemplateConfig):
     """One flash-attention kernel: ``block_M`` query rows per CTA, ``block_N`` keys per step of the loop
     over K/V, ``num_stages`` K/V tiles in flight, ``threads`` consumer threads (on Hopper TileLang adds a
-    128-thread TMA producer when ``num_stages >= 1``).
+    128-thread TMA producer when ``num_stages >= 1``); ``variant="ws"``: the hand-scheduled Hopper loop
+    (``ws_program.py``), two consumer warpgroups of ``block_M / 2`` rows and a TMA producer.
     """
 
     block_M: int
     block_N: int
     num_stages: int
     threads: int
+    variant: str = ATTENTION_OPTIONAL_KEYS["variant"]  # "pipelined" (program.py) or "ws" (ws_program.py)
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ Causal: the loop stops at the last key block the CTA's last query row can see.
 from typing import TYPE_CHECKING
 
 from .config import AttentionConfig, AttentionProblem, make_problem
+from .ws_program import ws_program
 
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
@@ -34,8 +35,12 @@ __all__ = ["kernel", "program"]
 
 def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
     """Build the attention ``T.prim_func`` for one config (nothing is compiled here): ``O = k(Q, K, V)``.
-    The config must pass ``templates.attention.space.check``; the template checks before calling."""
+    The config must pass ``templates.attention.space.check``; the template checks before calling.
+    ``variant="ws"`` is the hand-scheduled Hopper loop of ``ws_program.py``."""
     import tilelang.language as T
+
+    if config.variant == "ws":
+        return ws_program(problem, config)
 
     B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
     groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
@@ -111,12 +116,13 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
 
 def kernel(batch: int, heads: int, seq_len: int, dim: int, block_M: int, block_N: int, num_stages: int,
            threads: int, kv_heads: int | None = None, causal: bool = False,
-           dtype: str = "float16") -> "PrimFunc":
+           dtype: str = "float16", variant: str = "pipelined") -> "PrimFunc":
     """:func:`program` with loose arguments (the kernel function with reserved parameters), checked by
     the rules no GPU escapes first."""
     from .space import require
 
     problem = make_problem(batch, heads, seq_len, dim, kv_heads, causal, dtype)
-    config = AttentionConfig(block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads)
+    config = AttentionConfig(block_M=block_M, block_N=block_N, num_stages=num_stages, threads=threads,
+                             variant=variant)
     require(problem, config)
     return program(problem, config)

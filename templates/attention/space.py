@@ -9,19 +9,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from carver.attention import ATTENTION_GRID, AttentionTemplate, attention_space, check_attention_config
+from carver.attention import (
+    ATTENTION_GRID,
+    AttentionTemplate,
+    attention_space,
+    attention_ws_space,
+    check_attention_config,
+)
 
 from .config import AttentionConfig, AttentionProblem
 
 if TYPE_CHECKING:
     from carver.arch import GPUArch
 
-__all__ = ["PER_BLOCK", "candidates", "carver_template", "check", "require", "space"]
+__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "space", "ws_space"]
 
 #: At most this many of the top-k share a (block_M, block_N): every stage variant of a tile shape (the
 #: calibrated model orders them by margins of ~1%, a near tie that tuning settles), and the rest of the
 #: top-8 on the runner-up shapes, not on the thread variants of the same tile.
 PER_BLOCK = len(ATTENTION_GRID["num_stages"])
+#: How many of the ws variant's configs (the model's best) candidates() adds on a GPU that runs them.
+WS_TOP = 3
 
 
 def carver_template(problem: AttentionProblem, arch: Any = "cuda") -> AttentionTemplate:
@@ -34,6 +42,12 @@ def space(problem: AttentionProblem) -> list[AttentionConfig]:
     """The exhaustive grid (block_M x block_N x num_stages x threads) less the configs no GPU can run (a
     warp without 16 rows); a GPU's rules are ``check``'s."""
     return [AttentionConfig(**c) for c in attention_space() if not check_attention_config(problem, c)]
+
+
+def ws_space(problem: AttentionProblem) -> list[AttentionConfig]:
+    """The hand-scheduled Hopper loop's grid (``variant="ws"``) less what no GPU can run. Not part of
+    :func:`space`, the T.Pipelined grid the model's constants are fitted on; ``candidates`` adds its best."""
+    return [AttentionConfig(**c) for c in attention_ws_space() if not check_attention_config(problem, c)]
 
 
 def check(problem: AttentionProblem, config: AttentionConfig, arch: GPUArch | None = None) -> list[str]:
@@ -50,8 +64,9 @@ def require(problem: AttentionProblem, config: AttentionConfig) -> None:
 def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
                variants: bool = True) -> list[AttentionConfig]:
     """The carver's ranking of :func:`space` for ``arch``, best first, at most :data:`PER_BLOCK` per tile
-    shape until the grid runs out of others (the first is the model's top-1). ``variants``: none for
-    this family."""
+    shape until the grid runs out of others (the first is the model's top-1); with ``variants``, then the
+    :data:`WS_TOP` best configs of :func:`ws_space` that ``arch`` runs (Hopper), in the model's order, so
+    tuning measures the hand-scheduled loop beside the T.Pipelined one and keeps the faster."""
     if arch is None:
         raise ValueError("the attention template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     tmpl = carver_template(problem, arch)
@@ -66,4 +81,7 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
         if len(picked) == topk:
             break
     picked += [c for c in ranked if c not in picked][: topk - len(picked)]
+    if variants:
+        ws = tmpl.rank(c.kernel_kwargs() for c in ws_space(problem)).configs
+        picked += [AttentionConfig(**c) for c in ws[:WS_TOP]]
     return picked

@@ -1,0 +1,192 @@
+"""The hand-scheduled attention loop (``variant="ws"``) on the GPU: is it correct on the Llama-3-8B shapes,
+and how fast is it against the T.Pipelined program's best and torch's cuDNN (and flash) SDPA backends?
+
+    . .gpu/setup.sh && python3 benchmarks/attention_ws.py --out $OUT/attn_ws            # ~10 min
+    python3 benchmarks/attention_ws.py --shapes 8,32,8,1024,128,0 8,32,8,1024,128,1 --out $OUT/w1
+
+Per shape (``B,H,H_kv,S,D,causal`` as in ``benchmarks/attention.py``; the six Llama shapes by default):
+
+1. **check**, in a child process with a time limit (``--check-timeout``): every ws config the carver's
+   rules accept on this GPU (``templates.attention.space.ws_space``) is compiled and its output compared
+   with the fp32 reference (zero mismatches at atol = rtol = 1e-2). A deadlocked or crashing kernel is a
+   row that says so, not a hung benchmark; TileLang's disk cache hands the compiled kernels to the parent.
+2. **measure**: the plain top-8 (``candidates(..., variants=False)``) and the ws configs that passed, each
+   checked again and timed once.
+3. **race**: the best plain config, the best ws config and the SDPA backends in ``--rounds`` interleaved
+   rounds (CUDA events after an L2 flush); medians, TFLOP/s and the ratios.
+
+Writes ``<out>/ws.json`` after every shape (rows, the model's prediction of each ws config) and
+``<out>/summary.md`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from attention import TORCH, Bench, label, parse_shape  # noqa: E402
+from benchlib import compile_all, config_id, dump, geomean, log, measure_configs, median  # noqa: E402
+
+
+def check_in_child(args: argparse.Namespace, shape: tuple) -> list[dict[str, Any]]:
+    """Step 1 in a child process: its rows, or one ``timeout`` row per config when it did not finish."""
+    out = Path(args.out) / "check" / f"{label(shape, args.dtype)}.json"
+    cmd = [sys.executable, __file__, "--child", ",".join(str(int(v)) for v in shape), "--out", str(out),
+           "--dtype", args.dtype, "--jobs", str(args.jobs)]
+    out.unlink(missing_ok=True)  # never an earlier run's answer
+    try:
+        subprocess.run(cmd, timeout=args.check_timeout, check=False)
+    except subprocess.TimeoutExpired:
+        log(f"check {label(shape, args.dtype)}: no answer in {args.check_timeout} s (deadlock?)")
+    data = json.loads(out.read_text()) if out.exists() else {"rows": [], "running": None}
+    if "running" in data:  # the child died or hung there: the config it was checking is not correct
+        data["rows"].append({"config": data["running"], "correct": False,
+                             "error": f"the check crashed or did not finish in {args.check_timeout} s"})
+    return data["rows"]
+
+
+def child(args: argparse.Namespace) -> int:
+    """Compile and check every legal ws config of one shape; rows written as they finish."""
+    from templates.attention import ATTENTION
+    from templates.attention.space import ws_space
+
+    b = Bench(args)
+    shape = args.child
+    problem = b.problem(shape)
+    configs = [c for c in ws_space(problem) if not ATTENTION.check(problem, c, b.arch)]
+    qkv = b.inputs(shape)
+    ref = ATTENTION.reference(problem)(*qkv)
+    compile_all(ATTENTION, problem, configs, args.jobs)  # in parallel, into TileLang's disk cache
+    rows = []
+    for cfg in configs:  # one at a time, so a hang names its config in the file
+        dump(Path(args.out), {"running": cfg.to_dict(), "rows": rows})
+        (row,) = measure_configs(ATTENTION, problem, [cfg], qkv, ref, b.clock, args.jobs)
+        rows.append(row)
+        log(f"check {label(shape, args.dtype)} {cfg}: correct {row['correct']} mismatches "
+            f"{row.get('mismatches')} error {row['error']}")
+    dump(Path(args.out), {"rows": rows})
+    return 0
+
+
+def race(b: Bench, shape: tuple, plain: dict, ws: dict, kernels: dict, qkv: tuple) -> dict[str, Any]:
+    """Step 3: the best of each variant and the SDPA backends, interleaved; medians in ms."""
+    q, k, v = qkv
+    impls = {"plain": kernels[config_id(plain["config"])]} if plain else {}
+    if ws:
+        impls["ws"] = kernels[config_id(ws["config"])]
+    calls = {n: (lambda kern=kern: kern(q, k, v)) for n, kern in impls.items()}
+    notes = {}
+    for name, backend in b.sdpa_backends().items():
+        if name == "efficient":
+            continue
+        try:
+            calls[name], notes[name] = b.sdpa_call(backend, q, k, v, shape[5])
+        except RuntimeError as e:
+            notes[name] = f"unavailable: {str(e)[:200]}"
+    times: dict[str, list[float]] = {n: [] for n in calls}
+    for _ in range(b.args.rounds):
+        for n, fn in calls.items():
+            times[n].append(b.clock.time(fn))
+    return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+
+
+def ratio(ms: dict[str, float], a: str, c: str) -> float | None:
+    """Time of ``a`` over time of ``c`` (how much faster ``c`` is), None when either did not run."""
+    return ms[a] / ms[c] if a in ms and c in ms else None
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import torch
+
+    from templates.attention import ATTENTION
+    from templates.attention.space import carver_template
+
+    b = Bench(args)
+    out = Path(args.out)
+    rows: list[dict[str, Any]] = []
+    log(f"{b.device}; carver arch {b.arch.name}; out {out}")
+    for shape in args.shapes or TORCH:
+        name = label(shape, args.dtype)
+        problem = b.problem(shape)
+        checked = check_in_child(args, shape)
+        good = [ATTENTION.config_type.from_dict(r["config"]) for r in checked if r.get("correct")]
+        plain = ATTENTION.candidates(problem, b.arch, 8, variants=False)
+        qkv = b.inputs(shape)
+        ref = ATTENTION.reference(problem)(*qkv)
+        kernels: dict[str, Any] = {}
+        measured = measure_configs(ATTENTION, problem, plain + good, qkv, ref, b.clock, args.jobs, kernels=kernels)
+        ok = [r for r in measured if r["ms"] is not None]
+        best = {v: min((r for r in ok if r["config"].get("variant", "pipelined") == v), key=lambda r: r["ms"],
+                       default=None) for v in ("pipelined", "ws")}
+        raced = race(b, shape, best["pipelined"], best["ws"], kernels, qkv)
+        ms = raced["ms"]
+        tmpl = carver_template(problem, b.arch)
+        row = {"shape": name, "problem": list(shape), "dtype": args.dtype, "check": checked, "measured": measured,
+               "best_plain": best["pipelined"], "best_ws": best["ws"], **raced,
+               "tflops": {n: problem.flops / m / 1e9 for n, m in ms.items()},
+               "ws_speedup_vs_plain": ratio(ms, "plain", "ws"), "ws_vs_cudnn": ratio(ms, "cudnn", "ws"),
+               "plain_vs_cudnn": ratio(ms, "cudnn", "plain"),
+               "predicted_ms": {config_id(c.to_dict()): tmpl.predict(c.kernel_kwargs()).latency_ms
+                                for c in plain + good}}
+        bad = [r for r in checked if not r.get("correct")]
+        log(f"{name}: ws {len(checked) - len(bad)}/{len(checked)} correct; "
+            + ", ".join(f"{n} {m:.3f} ms" for n, m in ms.items())
+            + f"; ws/plain {row['ws_speedup_vs_plain']}, ws/cudnn {row['ws_vs_cudnn']}")
+        rows.append(row)
+        dump(out / "ws.json", {"device": b.device, "rows": rows})
+        del qkv, ref, kernels
+        torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    f = (lambda v: f"{v:.3f}" if v is not None else "-")  # noqa: E731
+    lines = ["| shape | ws correct | plain TFLOP/s | ws TFLOP/s | cuDNN TFLOP/s | ws / plain | ws / cuDNN | "
+             "plain / cuDNN | best ws config |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tf, n_ok = r["tflops"], sum(1 for c in r["check"] if c.get("correct"))
+        lines.append(f"| {r['shape']} | {n_ok}/{len(r['check'])} | {tf.get('plain', 0):.0f} | {tf.get('ws', 0):.0f} | "
+                     f"{tf.get('cudnn', 0):.0f} | {f(r['ws_speedup_vs_plain'])} | {f(r['ws_vs_cudnn'])} | "
+                     f"{f(r['plain_vs_cudnn'])} | {(r['best_ws'] or {}).get('config')} |")
+    for key in ("ws_speedup_vs_plain", "ws_vs_cudnn", "plain_vs_cudnn"):
+        xs = [r[key] for r in rows if r[key]]
+        if xs:
+            lines.append(f"\ngeomean {key}: {geomean(xs):.3f} over {len(xs)} shapes (min {min(xs):.3f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", type=parse_shape, nargs="+", help="B,H,H_kv,S,D,causal (default: the Llama six)")
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"))
+    p.add_argument("--time-limit", type=float, default=560.0, help="seconds; timing stops after it")
+    p.add_argument("--check-timeout", type=float, default=150.0, help="seconds for one shape's check")
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile threads")
+    p.add_argument("--rep", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--child", type=parse_shape, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        return child(args)
+    t0 = time.time()
+    rows = run(args)
+    text = table(rows)
+    print(text)
+    out = Path(args.out)
+    (out / "summary.md").write_text(text + f"\n\nwall {time.time() - t0:.0f} s\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

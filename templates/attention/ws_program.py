@@ -1,0 +1,216 @@
+"""The attention family's hand-scheduled Hopper program (``variant="ws"``): flash-attention forward with the
+softmax overlapped with the tensor cores, in the style of FlashAttention-3, written warp by warp.
+
+Roles (384 threads, one CTA per SM):
+
+* **Producer** (the last 128 threads, ``setmaxnreg`` down to 40): TMA-loads the CTA's Q tile once, then K
+  and V tiles into a ring of ``num_stages`` stages. K and V have their own full and empty mbarriers, so a K
+  stage is refilled as soon as ``Q K^T`` has read it, while ``P V`` may still read the V of that stage.
+* **Two consumer warpgroups** (``setmaxnreg`` up to 232): one fragment of ``block_M = 128`` rows split by
+  ``T.GemmWarpPolicy.FullRow``, so warpgroup ``w`` owns rows ``64 w`` to ``64 w + 63`` and every wgmma, row
+  reduction and cast it runs touches its own rows only. (At 256 rows TileLang 0.1.15 deals the ``Q K^T``
+  accumulator's rows 0-63 and 128-191 to warpgroup 0 but wants rows 0-127 of the ``P V`` operand there, a
+  layout conflict; the carver's rules keep ``block_M`` at 128.)
+
+Per key step ``k`` a warpgroup does (FA3's intra-warpgroup overlap plus its ping-pong)::
+
+    O *= scale(k-1)                          # CUDA cores, before the turn
+    [wait for its turn]  S = Q K_k^T  ;  O += P(k-1) V(k-1)  [hand the turn to the other warpgroup]
+    wait for S only (T.wait_wgmma(1)), release K_k
+    softmax of S (mask where needed, row max, exp2, row sum)  # while P(k-1) V(k-1) and the other
+    wait for P V (T.wait_wgmma(0)), release V(k-1), P(k) = cast(S)   # warpgroup's GEMMs run
+
+The turn is a pair of named barriers (``bar.sync`` / ``bar.arrive``, 256 threads each): warpgroup 0 starts,
+each warpgroup issues its two GEMMs in its turn and passes it on, so one warpgroup's softmax runs while the
+other's GEMMs occupy the tensor cores. Both warpgroups take the CTA's number of steps (a causal CTA's last
+query row decides it; a step past a warpgroup's diagonal is fully masked for it), so the turns pair up;
+warpgroup 1 skips its last hand-over, which no one waits for.
+The last step's ``P V`` is issued outside the turns.
+
+Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
+-inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
+diagonal ones when causal), after ``Q K^T`` (``clear_accum``), where ``program.py`` adds the mask before. A
+step fully masked for a row (with ``block_N=64``, warpgroup 0's rows see none of the CTA's last step) leaves
+its running max unchanged, which step 0 made finite. TMA zero-fills K, V and Q rows past seq_len and the O
+store clips them.
+
+Registers after a wgmma issue are read only after ``T.wait_wgmma`` and a ``T.warpgroup_fence_operand`` on
+them, so nvcc cannot hoist the softmax above the wait nor sink the write of P above the end of ``P V``.
+"""
+
+# No `from __future__ import annotations`: TileLang reads the T.prim_func's annotations as expressions.
+from typing import TYPE_CHECKING
+
+from carver.attention import WS_CONSUMER_REGS, WS_PRODUCER_REGS, WS_PRODUCER_THREADS
+
+from .config import AttentionConfig, AttentionProblem
+
+if TYPE_CHECKING:
+    from tvm.tirx import PrimFunc
+
+__all__ = ["TURN_BARRIERS", "ws_program"]
+
+#: Named barrier ids of the two warpgroups' turns, clear of the ids TileLang takes for its own syncs.
+TURN_BARRIERS = (8, 9)
+
+
+def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
+    """The ``T.prim_func`` of the hand-scheduled loop (checked by the caller, ``program.program``)."""
+    import tilelang.language as T
+
+    B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
+    groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
+    bm, bn, st = config.block_M, config.block_N, config.num_stages
+    ct = config.threads  # 256: two consumer warpgroups
+    wg_rows = bm // 2
+    scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
+    q_shape = (B, S, H, D)
+    kv_shape = (B, S, problem.kv_heads, D)
+    cwarps = ct // 32
+    # per-thread 32-bit registers of the fragments the fences name (a warpgroup's 128 threads share its rows)
+    s_regs, p_regs, o_regs = wg_rows * bn // 128, wg_rows * bn // 256, wg_rows * D // 128
+    tail = S % bn != 0
+    turn0, turn1 = TURN_BARRIERS
+
+    @T.macro
+    def mask(acc_s, bx, k):
+        """-inf on keys past seq_len and, when causal, after the query (only on steps that need it)."""
+        if causal:
+            if (k + 1) * bn > bx * bm + 1:  # the step reaches past the CTA's first query row
+                for i, j in T.Parallel(bm, bn):
+                    acc_s[i, j] = T.if_then_else((bx * bm + i >= k * bn + j) & (k * bn + j < S), acc_s[i, j],
+                                                 -T.infinity(accum))
+        elif tail:
+            if (k + 1) * bn > S:
+                for i, j in T.Parallel(bm, bn):
+                    acc_s[i, j] = T.if_then_else(k * bn + j < S, acc_s[i, j], -T.infinity(accum))
+
+    @T.macro
+    def softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum):
+        T.copy(scores_max, scores_max_prev)
+        T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+        for i in T.Parallel(bm):
+            scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
+        for i, j in T.Parallel(bm, bn):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
+        T.reduce_sum(acc_s, scores_sum, dim=1)
+        for i in T.Parallel(bm):
+            logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+
+    @T.macro
+    def wait_turn(wg):
+        if wg == 0:
+            T.sync_threads(turn0, 256)
+        else:
+            T.sync_threads(turn1, 256)
+
+    @T.macro
+    def pass_turn(wg, more):
+        """Hand the tensor cores to the other warpgroup (warpgroup 1's last hand-over has no taker)."""
+        if wg == 0:
+            T.named_barrier_arrive(turn1, 256)
+        elif more:
+            T.named_barrier_arrive(turn0, 256)
+
+    @T.macro
+    def release(bars, s, tx):
+        """One arrival per consumer warp on an empty barrier of stage ``s``."""
+        if tx % 32 == 0:
+            T.mbarrier_arrive(bars[s])
+
+    @T.prim_func
+    def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+             Output: T.Tensor(q_shape, dtype)):
+        with T.Kernel(T.ceildiv(S, bm), H, B, threads=ct + WS_PRODUCER_THREADS) as (bx, by, bz):
+            Q_s = T.alloc_shared((bm, D), dtype)
+            K_s = T.alloc_shared((st, bn, D), dtype)
+            V_s = T.alloc_shared((st, bn, D), dtype)
+            O_s = T.alloc_shared((bm, D), dtype)
+            acc_s = T.alloc_fragment((bm, bn), accum)
+            acc_p = T.alloc_fragment((bm, bn), dtype)
+            acc_o = T.alloc_fragment((bm, D), accum)
+            scores_max = T.alloc_fragment((bm,), accum)
+            scores_max_prev = T.alloc_fragment((bm,), accum)
+            scores_scale = T.alloc_fragment((bm,), accum)
+            scores_sum = T.alloc_fragment((bm,), accum)
+            logsum = T.alloc_fragment((bm,), accum)
+            q_full = T.alloc_barrier([WS_PRODUCER_THREADS])
+            k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            k_empty = T.alloc_barrier([cwarps] * st)
+            v_empty = T.alloc_barrier([cwarps] * st)
+            if causal:
+                steps = T.min(T.ceildiv(S, bn), T.ceildiv((bx + 1) * bm, bn))
+            else:
+                steps = T.ceildiv(S, bn)
+            tx = T.get_thread_binding()
+            if tx >= ct:  # the producer warpgroup
+                T.set_max_nreg(WS_PRODUCER_REGS, 0)
+                T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s, barrier=q_full[0])
+                T.mbarrier_arrive(q_full[0])
+                for k in T.serial(steps):
+                    s = k % st
+                    T.mbarrier_wait_parity(k_empty[s], ((k // st) & 1) ^ 1)
+                    T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
+                    T.mbarrier_arrive(k_full[s])
+                    T.mbarrier_wait_parity(v_empty[s], ((k // st) & 1) ^ 1)
+                    T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
+                    T.mbarrier_arrive(v_full[s])
+            else:  # the two consumer warpgroups
+                T.set_max_nreg(WS_CONSUMER_REGS, 1)
+                wg = tx // 128
+                T.fill(acc_o, 0)
+                T.fill(logsum, 0)
+                T.fill(scores_max, -T.infinity(accum))
+                if wg == 0:
+                    T.named_barrier_arrive(turn0, 256)  # warpgroup 0 takes the first turn
+                T.mbarrier_wait_parity(q_full[0], 0)
+                # step 0: Q K_0^T alone
+                T.mbarrier_wait_parity(k_full[0], 0)
+                wait_turn(wg)
+                T.wgmma_gemm(Q_s, K_s[0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                             policy=T.GemmWarpPolicy.FullRow)
+                pass_turn(wg, steps > 1)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                release(k_empty, 0, tx)
+                mask(acc_s, bx, 0)
+                softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+                T.copy(acc_s, acc_p)
+                # steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs
+                for k in T.serial(1, steps):
+                    s, sp = k % st, (k - 1) % st
+                    for i, j in T.Parallel(bm, D):
+                        acc_o[i, j] *= scores_scale[i]
+                    T.mbarrier_wait_parity(k_full[s], (k // st) & 1)
+                    T.mbarrier_wait_parity(v_full[sp], ((k - 1) // st) & 1)
+                    wait_turn(wg)
+                    T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                    pass_turn(wg, k < steps - 1)
+                    T.wait_wgmma(1)
+                    T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                    release(k_empty, s, tx)
+                    mask(acc_s, bx, k)
+                    softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                    T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
+                    release(v_empty, sp, tx)
+                    T.copy(acc_s, acc_p)
+                # the last step's P V, outside the turns
+                sl = (steps - 1) % st
+                for i, j in T.Parallel(bm, D):
+                    acc_o[i, j] *= scores_scale[i]
+                T.mbarrier_wait_parity(v_full[sl], ((steps - 1) // st) & 1)
+                T.wgmma_gemm(acc_p, V_s[sl, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                release(v_empty, sl, tx)
+                for i, j in T.Parallel(bm, D):
+                    acc_o[i, j] /= logsum[i]
+                T.copy(acc_o, O_s)
+                T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+
+    return main

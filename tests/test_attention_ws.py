@@ -1,0 +1,161 @@
+"""The hand-scheduled attention loop (``variant="ws"``, templates/attention/ws_program.py): its rules and
+model term offline, its structure compiled for sm_90a (nvcc, ~20 s a compile), its answers on a GPU."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from carver.arch import CUDA
+from carver.attention import AttentionTemplate, check_attention_config
+from templates import attention
+from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
+from templates.attention.space import WS_TOP, ws_space
+from templates.attention.ws_program import TURN_BARRIERS
+
+LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
+
+
+def ws(bn: int = 128, stages: int = 2, bm: int = 128, threads: int = 256) -> AttentionConfig:
+    return AttentionConfig(block_M=bm, block_N=bn, num_stages=stages, threads=threads, variant="ws")
+
+
+# -------------------------------------------------------------------------------- offline logic
+def test_variant_key_round_trips_and_defaults_to_the_plain_program():
+    c = ws()
+    assert c.to_dict() == {"block_M": 128, "block_N": 128, "num_stages": 2, "threads": 256, "variant": "ws"}
+    assert AttentionConfig.from_dict(c.to_dict()) == c
+    plain = AttentionConfig(block_M=128, block_N=128, num_stages=2, threads=256)
+    assert plain.variant == "pipelined" and "variant" not in plain.to_dict() and plain != c
+    with pytest.raises(ValueError, match=r"variant must be one of \['pipelined', 'ws'\], got 'fa3'"):
+        AttentionConfig(block_M=128, block_N=128, num_stages=2, threads=256, variant="fa3")
+    func = attention.kernel(1, 4, 100, 64, 128, 64, 2, 256, variant="ws")  # builds, compiles nothing
+    assert len(func.buffer_map) == 4
+
+
+def test_ws_rules_name_the_value_and_the_fix():
+    p = AttentionProblem(**LLAMA)
+    (why,) = ATTENTION.check(p, ws(threads=128))
+    assert "two consumer warpgroups" in why and "use threads=256" in why
+    (why,) = ATTENTION.check(p, ws(bm=256))
+    assert "block_M must be 128, got block_M=256" in why
+    (why,) = ATTENTION.check(p, ws(stages=0))
+    assert "num_stages=0" in why and "use num_stages=2" in why
+    h100, a100 = CUDA("H100"), CUDA("A100-80GB")
+    assert ATTENTION.check(p, ws(), h100) == [] and ATTENTION.check(p, ws(64, 3), h100) == []
+    why = ATTENTION.check(p, ws(), a100)
+    assert any("needs Hopper" in w and "sm_80" in w and "variant='pipelined'" in w for w in why)
+    # O's tile sits beside Q's: 32 + 32 KB plus 3 x 64 KB of K and V is over the 227 KB of an H100
+    assert any("KB of shared memory" in w for w in ATTENTION.check(p, ws(128, 3), h100))
+    plain3 = AttentionConfig(block_M=128, block_N=128, num_stages=3, threads=256)
+    assert ATTENTION.check(p, plain3, h100) == []  # where O reuses Q's tile
+    assert "unknown key(s) ['overlap']" in check_attention_config(p, {**ws().to_dict(), "overlap": 1})[0]
+
+
+@pytest.mark.parametrize("shape", [dict(LLAMA), dict(LLAMA, causal=True, dim=64, seq_len=1001)])
+def test_ws_space_and_candidates(shape):
+    p = AttentionProblem(**shape)
+    grid = ws_space(p)
+    assert len(grid) == 6 and {c.block_N for c in grid} == {64, 128} and {c.variant for c in grid} == {"ws"}
+    h100 = CUDA("H100")
+    plain = ATTENTION.candidates(p, h100, 8, variants=False)
+    both = ATTENTION.candidates(p, h100, 8)
+    legal = [c for c in grid if not ATTENTION.check(p, c, h100)]
+    assert both[:8] == plain and len(both) == 8 + min(WS_TOP, len(legal))
+    assert all(c in legal for c in both[8:]) and len(set(both)) == len(both)
+    tmpl = attention.carver_template(p, h100)
+    extra = [tmpl.predict(c.kernel_kwargs()).latency_ms for c in both[8:]]
+    assert extra == sorted(extra)  # the model's order
+    assert ATTENTION.candidates(p, CUDA("A100-80GB"), 8) == ATTENTION.candidates(p, CUDA("A100-80GB"), 8, False)
+
+
+def test_model_credits_the_overlap_and_nothing_else():
+    """Same tile, same tensor and softmax terms; the ws loop hides ws_overlap of the shorter one
+    instead of the plain loop's wg_overlap * (1 - 1/2)."""
+    tmpl = AttentionTemplate(AttentionProblem(**LLAMA, causal=True)).with_arch("H200")
+    plain = tmpl.predict(AttentionConfig(block_M=128, block_N=128, num_stages=2, threads=256).kernel_kwargs())
+    fast = tmpl.predict(ws().kernel_kwargs())
+    assert (fast.tensor_us, fast.softmax_us) == (plain.tensor_us, plain.softmax_us)
+    assert fast.warp_specialized and fast.errors == ()
+    a = tmpl.constants
+    saved = (a.ws_overlap - a.wg_overlap / 2) * min(plain.tensor_us, plain.softmax_us)
+    assert 0 < saved < plain.step_us and 0.6 < fast.latency_ms / plain.latency_ms < 0.95
+    assert fast.step_us < plain.step_us
+
+
+# -------------------------------------------------------------------------------- nvcc: sm_90a
+NVCC_CASES = {
+    # name: (problem, config): GQA causal d128 (the Llama case), odd seq_len everywhere but the last
+    "gqa-causal-d128-fp16-s1000": (dict(batch=1, heads=32, seq_len=1000, dim=128, kv_heads=8, causal=True), ws()),
+    "mha-full-d64-bf16-s1001-bn64-1stage": (dict(batch=2, heads=4, seq_len=1001, dim=64, dtype="bfloat16"),
+                                            ws(64, 1)),
+    "gqa-causal-d64-s777-bn64-3stages": (dict(batch=2, heads=8, seq_len=777, dim=64, kv_heads=2, causal=True),
+                                         ws(64, 3)),
+    "gqa-full-d128-s4096": (dict(batch=1, heads=32, seq_len=4096, dim=128, kv_heads=8), ws(128, 1)),
+}
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", list(NVCC_CASES))
+def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
+    import tilelang  # noqa: F401 - puts its bundled tvm on the path
+    from test_matmul_ws_nvcc import compile_with_ptxas_log
+    from tvm.target import Target
+
+    shape, cfg = NVCC_CASES[name]
+    p = AttentionProblem(**shape)
+    assert ATTENTION.check(p, cfg, CUDA("H100")) == []
+    jit, ptxas = compile_with_ptxas_log(ATTENTION.program(p, cfg), Target({"kind": "cuda", "arch": "sm_90a"}),
+                                        monkeypatch)
+    src = jit.get_kernel_source()
+    assert "__launch_bounds__(384, 1)" in src
+    producer, consumer = src.split("warpgroup_reg_dealloc<40>()")[1].split("warpgroup_reg_alloc<232>()")
+    # the producer: Q once, then K and V, each after its empty barrier, by TMA; no wgmma
+    assert "tma_load(Q_desc" in producer and "k_empty[" in producer and "v_empty[" in producer
+    assert "tma_load(K_desc" in producer and "tma_load(V_desc" in producer and "wgmma" not in producer
+    # the consumers: the turns (bar.sync / bar.arrive on the two named barriers) around Q K^T and P V
+    a, b = TURN_BARRIERS
+    for bar in (a, b):
+        assert f"__sync_thread_partial({bar}, 256)" in consumer and f"__named_barrier_arrive({bar}, 256)" in consumer
+    loop = consumer[consumer.index("for (int k_1"):]
+    turn = loop[loop.index(f"__sync_thread_partial({a}, 256)"):loop.index(f"__named_barrier_arrive({b}, 256)")]
+    assert "wgmma_ss<" in turn and "wgmma_rs<" in turn and turn.index("wgmma_ss<") < turn.index("wgmma_rs<")
+    # S is read after wait_wgmma<1> (P V still in flight), P rewritten only after wait_wgmma<0>
+    assert loop.index("wait_wgmma<1>") < loop.index("k_empty[") < loop.index("wait_wgmma<0>") < loop.index("v_empty[")
+    assert src.count("wait_wgmma<1>") == 1
+    assert re.search(r"k_empty\[0\]\.init\(8\);", src) and "tma_store(Output_desc" in src
+    if p.dtype == "bfloat16":
+        assert "kBFloat16" in src
+    assert "0 bytes spill stores, 0 bytes spill loads" in ptxas and "serialized" not in ptxas, ptxas[-600:]
+
+
+# -------------------------------------------------------------------------------- on a GPU
+GPU_SHAPES = [
+    dict(batch=1, heads=4, seq_len=1000, dim=64),
+    dict(batch=2, heads=8, seq_len=777, dim=128, kv_heads=2, causal=True, dtype="bfloat16"),
+    dict(batch=1, heads=32, seq_len=1025, dim=128, kv_heads=8, causal=True),
+    dict(batch=2, heads=4, seq_len=513, dim=64, causal=False, dtype="bfloat16"),
+    dict(batch=1, heads=2, seq_len=40, dim=64, causal=True),  # one step: no P V inside the turns
+    dict(batch=1, heads=8, seq_len=2048, dim=128, kv_heads=2, causal=True),  # no tail, many turns
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: AttentionProblem(**s).describe().replace(" ", "-"))
+def test_ws_matches_the_fp32_reference(shape):
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("variant='ws' needs an sm_90 GPU (wgmma, TMA, setmaxnreg)")
+    p = AttentionProblem(**shape)
+    dt = getattr(torch, p.dtype)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    Q = torch.randn(p.batch, p.seq_len, p.heads, p.dim, device="cuda", generator=gen).to(dt)
+    K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
+    ref = attention.ref_program(Q, K, V, causal=p.causal).float()
+    for c in (ws(128, 2), ws(64, 1), ws(64, 3)):
+        out = ATTENTION.compile(p, c)(Q, K, V)
+        torch.cuda.synchronize()
+        bad = int((~torch.isclose(out.float(), ref, atol=1e-2, rtol=1e-2)).sum())
+        assert bad == 0, (str(c), bad, float((out.float() - ref).abs().max()))
