@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ from typing import Any
 
 from .bench import BenchSpec, IsolatedBench
 from .errors import TuningError
+from .timeline import Timeline
 from .timing import Timing
 from .trial import Trial
 
@@ -134,10 +136,12 @@ class _Worker(threading.Thread):
 
     def run(self) -> None:
         error: BaseException | None = None
+        self.pool.timeline.mark("open", self.device.label)
         try:
             self.bench = self._open(self._specs, self._run_timeout, self.device)
         except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
             error = e
+        self.pool.timeline.mark("opened", self.device.label)
         while (job := self.pool._take(self)) is not None:
             fut, fn, _ = job
             if not (fut.running() or fut.set_running_or_notify_cancel()):  # running: handed on by a lost device
@@ -167,12 +171,13 @@ def _log_failed_release(sid: int, fut: Future) -> None:
 class DevicePool:
     """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
     queue, each holding every problem of the job: a :class:`.bench.Measurer`, plus :meth:`submit`, which
-    measures on the next free device."""
+    measures on the next free device. Each device's start and measure calls go on ``timeline``."""
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, devices: Sequence[Device],
-                 open_bench: BenchOpener = open_isolated) -> None:
+                 open_bench: BenchOpener = open_isolated, timeline: Timeline | None = None) -> None:
         if not devices:
             raise ValueError("a DevicePool needs at least one device")
+        self.timeline = timeline if timeline is not None else Timeline()
         self._cond = threading.Condition()
         self._shared: deque[_Job] = deque()
         self._closed = False
@@ -232,7 +237,12 @@ class DevicePool:
         """Measure ``cfg`` on the next free device; the future's result is the trial, carrying its
         device's label."""
         def job(w: _Worker) -> Trial:
+            start = time.time()
             trial = w.bench.measure(sid, index, cfg, compile_s)
+            self.timeline.measured(w.device.label, start, time.time())
+            take = getattr(w.bench, "take_stamps", None)  # a measuring side may keep none (tests' fakes)
+            if take is not None:
+                self.timeline.stamps(w.device.label, take())
             self._measured_on[sid, index] = w
             w.measured += 1
             return replace(trial, device=w.device.label)
@@ -286,6 +296,10 @@ class DevicePool:
     def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring processes; the caller loads the winner itself."""
         return None
+
+    def take_stamps(self) -> list[tuple[float, str]]:
+        """None: each device's stamps go on the pool's ``timeline``, under its label, as they arrive."""
+        return []
 
     def measured_hash(self, sid: int, index: int) -> str | None:
         """The PrimFunc hash of the kernel checked and timed as ``index``, on whichever device did it."""
