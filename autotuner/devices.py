@@ -131,6 +131,7 @@ class _Worker(threading.Thread):
         self._open = open_bench
         self.inbox: deque[_Job | None] = deque()  # jobs for this device only (finalists); None: stop
         self.bench: Any = None
+        self.opened = threading.Event()  # its measuring side is started (or failed to start)
         self.busy = False
         self.measured = 0
 
@@ -141,6 +142,8 @@ class _Worker(threading.Thread):
             self.bench = self._open(self._specs, self._run_timeout, self.device)
         except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
             error = e
+        finally:
+            self.opened.set()
         self.pool.timeline.mark("opened", self.device.label)
         while (job := self.pool._take(self)) is not None:
             fut, fn, _ = job
@@ -171,7 +174,15 @@ def _log_failed_release(sid: int, fut: Future) -> None:
 class DevicePool:
     """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
     queue, each holding every problem of the job: a :class:`.bench.Measurer`, plus :meth:`submit`, which
-    measures on the next free device. Each device's start and measure calls go on ``timeline``."""
+    measures on the next free device. Each device's start and measure calls go on ``timeline``.
+
+    Each device's measuring side is opened on its own thread, and the pool returns once every one is
+    started (a process spawned, an actor created; not yet imported): a process forked from this one
+    meanwhile (the job's compile pool) would inherit the pipe ``subprocess.Popen`` waits on until the
+    measuring process runs, and hold it open for its life. Seen on the C target (2026-11-23): every
+    device's ``Popen`` returned only when the compile pool ended, so no device began its imports before
+    the last candidate was compiled (a warm grid's whole compile stream).
+    """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, devices: Sequence[Device],
                  open_bench: BenchOpener = open_isolated, timeline: Timeline | None = None) -> None:
@@ -187,6 +198,8 @@ class DevicePool:
         self._dead: DeviceLost | None = None  # set when the last device is lost
         for w in self._workers:
             w.start()
+        for w in self._workers:  # see the class docstring: started before the job forks its compile pool
+            w.opened.wait()
         logger.info("measuring on %d devices: %s", len(devices), ", ".join(d.label for d in devices))
 
     @property
