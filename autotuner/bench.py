@@ -28,6 +28,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -157,14 +158,19 @@ class Measurer(Protocol):
 
     def release(self, sid: int) -> None: ...
 
+    def take_stamps(self) -> list[tuple[float, str]]: ...
+
     def close(self) -> None: ...
 
 
 class Bench:
-    """Measure candidates in this process."""
+    """Measure candidates in this process. ``stamps``: ``(wall time, what)`` of its one-off steps (a
+    problem's inputs made, its reference run and timed), named with ``tag``, for a job's timeline."""
 
-    def __init__(self, spec: BenchSpec) -> None:
+    def __init__(self, spec: BenchSpec, tag: str = "") -> None:
         self.spec = spec
+        self.tag = tag
+        self.stamps: list[tuple[float, str]] = []
         self._cases: dict[tuple, _Case] = {}
         self._kernels: dict[int, Any] = {}
         self._hashes: dict[int, str] = {}
@@ -194,6 +200,7 @@ class Bench:
         pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
         guarded = [i for i in pristine if i not in zero and i not in restore]
         self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine)
+        self.stamps.append((time.time(), f"inputs made{self.tag}"))
         return self._cases[sig]
 
     def _refs(self, case: _Case) -> list[Any] | None:
@@ -204,10 +211,12 @@ class Bench:
             ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
             case.refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
                                       [tuple(case.args[i].shape) for i in case.out_idx])
+            self.stamps.append((time.time(), f"reference run{self.tag}"))
             if self.ref_latency is None:
                 ref = s.ref_prog
                 self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device,
                                                  mode=t.finalist_mode, sustain_s=t.sustain_s).median_ms
+                self.stamps.append((time.time(), f"reference timed{self.tag}"))
         return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
@@ -326,11 +335,20 @@ class Benches:
     def __init__(self, specs: list[BenchSpec]) -> None:
         self.specs = list(specs)
         self._benches: dict[int, Bench] = {}
+        self.stamps: list[tuple[float, str]] = []  # the measuring side's own (its start), for take_stamps
 
     def bench(self, sid: int) -> Bench:
         if sid not in self._benches:
-            self._benches[sid] = Bench(self.specs[sid])
+            self._benches[sid] = Bench(self.specs[sid], f" #{sid}")
         return self._benches[sid]
+
+    def take_stamps(self) -> list[tuple[float, str]]:
+        """The ``(wall time, what)`` stamps recorded since the last call (:mod:`.timeline`)."""
+        out = self.stamps + [x for b in self._benches.values() for x in b.stamps]
+        self.stamps = []
+        for b in self._benches.values():
+            b.stamps = []
+        return sorted(out)
 
     def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         return self.bench(sid).measure(index, cfg, compile_s)
@@ -365,8 +383,10 @@ def _serve(fd: int) -> None:
     """Main of the measuring process (``python -c``): one request in, one reply out, over ``fd``."""
     from multiprocessing.connection import Connection
 
+    up = time.time()
     conn = Connection(fd)
     benches = Benches(load_specs(*conn.recv()))
+    benches.stamps += [(up, "process up"), (time.time(), "imports done")]
     conn.send(("ready", None))
     while True:
         try:
@@ -385,11 +405,12 @@ _REQUESTS = ("measure", "retime", "ref_latency", "release")
 def serve_one(benches: Benches, msg: tuple) -> tuple[str, Any]:
     """One request to a measuring process (or a Ray measuring actor), answered as
     :class:`ServedBench` reads it: ``("ok", reply)``, ``("input_error", ...)`` for a wrong problem,
-    ``("error", text)`` for a bug on the measuring side. Each request names its spec (``sid``)."""
+    ``("error", text)`` for a bug on the measuring side. Each request names its spec (``sid``). A
+    measure's reply carries the measuring side's new timeline stamps (:meth:`Benches.take_stamps`)."""
     op, args = msg[0], msg[1:]
     try:
         if op == "measure":
-            return "ok", (benches.measure(*args), benches.measured_hash(*args[:2]))
+            return "ok", (benches.measure(*args), benches.measured_hash(*args[:2]), benches.take_stamps())
         if op == "retime":
             return "ok", benches.retime(*args)
         if op == "ref_latency":
@@ -453,6 +474,7 @@ class ServedBench:
         self.run_timeout = run_timeout
         self._hashes: dict[tuple[int, int], str] = {}
         self.ref_latency: dict[int, float] = {}
+        self._stamps: list[tuple[float, str]] = []  # the other side's, as measure replies bring them
 
     def _call(self, msg: tuple, timeout: float) -> tuple[str, Any]:
         raise NotImplementedError
@@ -464,7 +486,8 @@ class ServedBench:
     def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         tag, reply = self._call(("measure", sid, index, cfg, compile_s), self.run_timeout)
         if tag == "ok":
-            trial, phash = reply
+            trial, phash, stamps = reply
+            self._stamps += stamps
             if phash is not None:
                 self._hashes[sid, index] = phash
             return trial
@@ -488,6 +511,11 @@ class ServedBench:
         if tag == "ok" and reply is not None:
             self.ref_latency[sid] = reply
         return self.ref_latency.get(sid)
+
+    def take_stamps(self) -> list[tuple[float, str]]:
+        """The other side's ``(wall time, what)`` stamps that arrived since the last call (:mod:`.timeline`)."""
+        out, self._stamps = self._stamps, []
+        return out
 
     def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring process; the caller loads the winner itself."""

@@ -409,8 +409,8 @@ def compile_all(kernel: Callable[..., Any], configs: list[dict[str, Any]], indic
                         backend=backend)
 
 
-def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
-                 backend: str | None = None) -> Iterator[CompileOutcome]:
+def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend: str | None = None,
+                 on_ready: Callable[[], None] | None = None) -> Iterator[CompileOutcome]:
     """Compile every batch's candidates in ONE pool, handed out in the order given (batch after batch);
     yield outcomes as they finish (any order), each naming its ``batch`` and its ``index`` in that batch.
 
@@ -420,7 +420,8 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
     means :func:`default_backend`. Closing the iterator early (or an exception or Ctrl-C while it waits)
     stops every compile and worker; use ``contextlib.closing`` to make that immediate rather than left to
     garbage collection. Temporary files go to per-compile directories inside the active
-    :func:`.procs.run_scratch`.
+    :func:`.procs.run_scratch`. ``on_ready()`` is called once the workers exist (a forked pool: made;
+    other backends: when their first task is handed out), for a job's timeline.
     """
     me = os.getpid()
     scratch = procs.current_scratch()
@@ -441,13 +442,14 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
     if n == -1 or n > len(tasks):
         n = min(len(tasks), os.cpu_count() or 1)
     backend = backend or default_backend()
+    ready = on_ready if on_ready is not None else (lambda: None)
     if backend == "ray":  # as many at once as n_jobs, or as the cluster has CPUs
         from .ray_cluster import compile_on_ray
 
         outcomes = compile_on_ray(tasks, n_jobs)
     elif backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
-        outcomes = _forked_pool(n, tasks) if n > 1 else (compile_task(*t) for t in tasks)
+        outcomes = _forked_pool(n, tasks, ready) if n > 1 else _announced(ready, (compile_task(*t) for t in tasks))
     else:
         from joblib import Parallel, delayed
 
@@ -460,7 +462,20 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None,
         else:
             parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
         outcomes = parallel(jobs)
+    if backend != "multiprocessing":
+        outcomes = _announced(ready, outcomes)
     return _placed(outcomes, where)
+
+
+def _announced(ready: Callable[[], None], outcomes: Iterator[CompileOutcome]) -> Iterator[CompileOutcome]:
+    """``outcomes``, calling ``ready()`` when the first is asked for; closing this closes ``outcomes``."""
+    ready()
+    try:
+        yield from outcomes
+    finally:
+        close = getattr(outcomes, "close", None)
+        if close is not None:
+            close()
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]]) -> Iterator[CompileOutcome]:
@@ -475,7 +490,7 @@ def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]]) ->
             close()
 
 
-def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
+def _forked_pool(n: int, tasks: list[tuple], ready: Callable[[], None]) -> Iterator[CompileOutcome]:
     """Run ``tasks`` on ``n`` workers forked from this process; yield outcomes as they finish.
 
     Forked workers start with TileLang imported. The pool is made on the first ``next()``; if the
@@ -490,6 +505,7 @@ def _forked_pool(n: int, tasks: list[tuple]) -> Iterator[CompileOutcome]:
     started = ctx.SimpleQueue()
     others = {p.pid for p in multiprocessing.active_children()}
     pool = ctx.Pool(n, initializer=_pool_init, initargs=(os.getpid(), started))
+    ready()
     pending = {t[3] for t in tasks}
     running: dict[int, tuple[int, float]] = {}  # worker pid -> (index, start) of its latest task
     clean = False

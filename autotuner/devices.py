@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -34,6 +35,7 @@ from typing import Any
 
 from .bench import BenchSpec, IsolatedBench
 from .errors import TuningError
+from .timeline import Timeline
 from .timing import Timing
 from .trial import Trial
 
@@ -129,15 +131,20 @@ class _Worker(threading.Thread):
         self._open = open_bench
         self.inbox: deque[_Job | None] = deque()  # jobs for this device only (finalists); None: stop
         self.bench: Any = None
+        self.opened = threading.Event()  # its measuring side is started (or failed to start)
         self.busy = False
         self.measured = 0
 
     def run(self) -> None:
         error: BaseException | None = None
+        self.pool.timeline.mark("open", self.device.label)
         try:
             self.bench = self._open(self._specs, self._run_timeout, self.device)
         except Exception as e:  # noqa: BLE001 - handed to every job this device takes, so the run raises it
             error = e
+        finally:
+            self.opened.set()
+        self.pool.timeline.mark("opened", self.device.label)
         while (job := self.pool._take(self)) is not None:
             fut, fn, _ = job
             if not (fut.running() or fut.set_running_or_notify_cancel()):  # running: handed on by a lost device
@@ -167,12 +174,21 @@ def _log_failed_release(sid: int, fut: Future) -> None:
 class DevicePool:
     """One measuring side per device (``open_bench``, by default :class:`.bench.IsolatedBench`) behind one
     queue, each holding every problem of the job: a :class:`.bench.Measurer`, plus :meth:`submit`, which
-    measures on the next free device."""
+    measures on the next free device. Each device's start and measure calls go on ``timeline``.
+
+    Each device's measuring side is opened on its own thread, and the pool returns once every one is
+    started (a process spawned, an actor created; not yet imported): a process forked from this one
+    meanwhile (the job's compile pool) would inherit the pipe ``subprocess.Popen`` waits on until the
+    measuring process runs, and hold it open for its life. Seen on the C target (2026-11-23): every
+    device's ``Popen`` returned only when the compile pool ended, so no device began its imports before
+    the last candidate was compiled (a warm grid's whole compile stream).
+    """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, devices: Sequence[Device],
-                 open_bench: BenchOpener = open_isolated) -> None:
+                 open_bench: BenchOpener = open_isolated, timeline: Timeline | None = None) -> None:
         if not devices:
             raise ValueError("a DevicePool needs at least one device")
+        self.timeline = timeline if timeline is not None else Timeline()
         self._cond = threading.Condition()
         self._shared: deque[_Job] = deque()
         self._closed = False
@@ -182,6 +198,8 @@ class DevicePool:
         self._dead: DeviceLost | None = None  # set when the last device is lost
         for w in self._workers:
             w.start()
+        for w in self._workers:  # see the class docstring: started before the job forks its compile pool
+            w.opened.wait()
         logger.info("measuring on %d devices: %s", len(devices), ", ".join(d.label for d in devices))
 
     @property
@@ -232,7 +250,12 @@ class DevicePool:
         """Measure ``cfg`` on the next free device; the future's result is the trial, carrying its
         device's label."""
         def job(w: _Worker) -> Trial:
+            start = time.time()
             trial = w.bench.measure(sid, index, cfg, compile_s)
+            self.timeline.measured(w.device.label, start, time.time())
+            take = getattr(w.bench, "take_stamps", None)  # a measuring side may keep none (tests' fakes)
+            if take is not None:
+                self.timeline.stamps(w.device.label, take())
             self._measured_on[sid, index] = w
             w.measured += 1
             return replace(trial, device=w.device.label)
@@ -286,6 +309,10 @@ class DevicePool:
     def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring processes; the caller loads the winner itself."""
         return None
+
+    def take_stamps(self) -> list[tuple[float, str]]:
+        """None: each device's stamps go on the pool's ``timeline``, under its label, as they arrive."""
+        return []
 
     def measured_hash(self, sid: int, index: int) -> str | None:
         """The PrimFunc hash of the kernel checked and timed as ``index``, on whichever device did it."""

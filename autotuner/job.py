@@ -23,7 +23,9 @@ Every trial is written to the database as it arrives, so a job cut short resumes
 each plan is judged exactly as a run of its own would judge it (same checks, same pick). A failing
 config is a trial; a plan that fails (no config survived, a wrong reference) does not stop the
 others. One tqdm bar counts every candidate of the job; with several plans its postfix names the one
-being measured and how many are done.
+being measured and how many are done. Its timeline (:mod:`.timeline`: when the measuring sides and the
+compile pool came up, when each device measured, the finalist rounds) is logged at INFO in one line and
+kept on every plan's ``TuneResult.timeline``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from .devices import DevicePool, open_isolated
 from .errors import TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
 from .settings import check_setting
+from .timeline import Timeline
 from .trial import STATUSES, Status, Trial, error_headline
 from .tuner import AutoTuner, Plan, TuneResult
 
@@ -64,6 +67,8 @@ MIN_FINALISTS = 3
 
 #: The run settings a job shares (one pool, one measuring side); plans that differ go in separate jobs.
 _SHARED = ("n_jobs", "backend", "isolate", "run_timeout", "devices", "allow_mixed_devices")
+#: The timeline's name for the one measuring side of a job without ``devices`` (a process, or this one).
+MEASURER = "measurer"
 
 
 def tune_all(plans: Iterable[Plan | AutoTuner], *, progress: bool | None = None, load_kernels: bool = True,
@@ -133,6 +138,10 @@ class _Job:
         self.runs: list[_PlanRun] = []
         self.phases: dict[str, float] = {}  # the job's own steps, in every plan's TuneResult.phases
         self._last = time.perf_counter()
+        start = time.time() - (self._last - min(p.t_start for p in plans))  # t=0: the first plan's start
+        self.timeline = Timeline(start)
+        self.timeline.mark("plan", at=start)
+        self.timeline.mark("job start")
 
     def run(self) -> list[Any]:
         out: list[Any] = [None] * len(self.plans)
@@ -173,14 +182,18 @@ class _Job:
         self.bar = tqdm(total=sum(len(r.plan.configs) for r in runs), desc="tuning", unit="cfg", file=sys.stderr,
                         disable=not self.progress, leave=False)
         specs = [r.plan.spec for r in runs]
+        tl = self.timeline
+        tl.mark("tune start")
         if first.devices:  # backend="ray" always has its devices: one actor each
             if rs.backend == "ray":
                 from .ray_cluster import RayBench as open_bench
             else:
                 open_bench = open_isolated
-            bench: Measurer = DevicePool(specs, rs.run_timeout, first.devices, open_bench=open_bench)
+            bench: Measurer = DevicePool(specs, rs.run_timeout, first.devices, open_bench=open_bench, timeline=tl)
         else:
+            tl.mark("open", MEASURER)
             bench = make_measurer(specs, rs.isolate, rs.run_timeout)
+            tl.mark("opened", MEASURER)
         if len(runs) > 1:
             logger.info("tuning %d problems (%d candidates) in one job", len(runs), self.bar.total)
         try:
@@ -195,6 +208,8 @@ class _Job:
         finally:
             self.bar.close()
             bench.close()
+            tl.mark("job end")
+            logger.info("timeline (s since the plan): %s", tl.line())
 
     def _mark(self, phase: str) -> None:
         now = time.perf_counter()
@@ -217,10 +232,16 @@ class _Job:
             batches.append(CompileBatch(r.plan.tuner.fn, r.plan.configs, indices, r.plan.target.spec,
                                         cs.compile_timeout, cs.pass_config_dict))
             r.left = len(indices)
-        outcomes = compile_many(batches, n_jobs=rs.n_jobs, backend=rs.backend)
+        tl = self.timeline
+        tl.mark("pool start", "compile")
+        outcomes = compile_many(batches, n_jobs=rs.n_jobs, backend=rs.backend,
+                                on_ready=lambda: tl.mark("pool ready", "compile"))
         pending: dict[Future, tuple[_PlanRun, int]] = {}
+        last: float | None = None  # when the last outcome arrived
         with contextlib.closing(outcomes):  # a failure here shuts the compile pool down at once
             for out in outcomes:
+                last = time.time()
+                tl.once("first compiled", "compile")
                 r = runs[out.batch]
                 if r.outcome is not None:  # the plan has failed (its reference): the rest of it is dropped
                     continue
@@ -231,12 +252,26 @@ class _Job:
                     pending[bench.submit(r.sid, out.index, cfg, out.seconds)] = (r, out.index)
                     self._collect(bench, pending, block=False)
                 else:
-                    r.measured(out.index, functools.partial(bench.measure, r.sid, out.index, cfg, out.seconds), bench)
+                    r.measured(out.index, functools.partial(self._measure_here, bench, r.sid, out.index, cfg,
+                                                            out.seconds), bench)
                 if any(x.outcome is not None for x in runs) and all(x.outcome is not None or x.left == 0
                                                                      for x in runs):
                     break  # what is left in the pool belongs to failed plans: stop it
+        if last is not None:
+            tl.mark("last compiled", "compile", at=last)
         while pending:
             self._collect(bench, pending, block=True)
+        tl.mark("compile and measure done")
+
+    def _measure_here(self, bench: Measurer, sid: int, index: int, cfg: dict[str, Any],
+                      compile_s: float | None) -> Trial:
+        """``bench.measure``, the job's one measuring side: the call and the side's stamps on the timeline."""
+        start = time.time()
+        try:
+            return bench.measure(sid, index, cfg, compile_s)
+        finally:
+            self.timeline.measured(MEASURER, start, time.time())
+            self.timeline.stamps(MEASURER, bench.take_stamps())
 
     @staticmethod
     def _drop_failed(pending: dict[Future, tuple[_PlanRun, int]], bench: Measurer) -> None:
@@ -357,15 +392,19 @@ class _PlanRun:
             now = time.perf_counter()
             phases[phase], last = now - last, now
 
+        tl = self.job.timeline
         try:
             try:
+                tl.mark("finalists start", plan.label)
                 finalists = self._retime_finalists(bench)
+                tl.mark("finalists end", plan.label)
                 mark("finalist rounds")
                 ref_latency = bench.fetch_ref_latency(self.sid)
                 best_i = self._pick(finalists, ref_latency)
                 jit, phash = self._winner_kernel(bench, best_i)
                 measured_hash = bench.measured_hash(self.sid, best_i)
                 mark("load the winner")
+                tl.mark("winner loaded", plan.label)
             finally:
                 bench.release(self.sid)
             best = self.trials[best_i]
@@ -389,7 +428,8 @@ class _PlanRun:
             db.finish_run(plan.key, best, ref_latency,
                           phash or (prim_hash(jit.prim_func) if jit is not None else measured_hash))
         logger.info("tuning phases of %s: %s", plan.label, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
-        self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases)
+        self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases,
+                                   self.job.timeline)
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
         """Re-time every candidate within ``finalist_margin`` of the fastest, and at least the

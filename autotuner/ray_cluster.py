@@ -121,9 +121,11 @@ class MeasuringActor:
     def __init__(self, payload: tuple) -> None:
         # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile task's)
         # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
+        up = time.time()
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
         self.benches = Benches(load_specs(*payload))
+        self.benches.stamps += [(up, "process up"), (time.time(), "imports done")]  # a job's timeline
 
     def info(self) -> dict[str, Any]:
         """Where this actor runs: its device's model, its node and Ray's GPU ids for it."""

@@ -50,6 +50,7 @@ from .settings import (
     key_fields,
 )
 from .target import ResolvedTarget, resolve_target
+from .timeline import Timeline
 from .timing import METHOD
 from .trial import STATUSES, Status, Trial, error_headline
 
@@ -131,6 +132,7 @@ class TuneResult:
     target: str = ""
     notes: list[str] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step of a cold run
+    timeline: Timeline | None = None  # a tuned (not cached) run's job: when what happened (autotuner.timeline)
 
     def __post_init__(self) -> None:
         if isinstance(self.kernel, TunedKernel):  # as TileLang's tuned JITKernel: kernel.config, .latency...
@@ -595,8 +597,9 @@ class Plan:
         return self.tuner._verified(jit, self.spec)
 
     def result(self, jit: Any, best: Trial, ref_latency: float | None, trials: list[Trial],
-               phases: dict[str, float]) -> TuneResult:
+               phases: dict[str, float], timeline: Timeline | None = None) -> TuneResult:
         """The cold run's result; ``jit`` ``None`` when the winner was not loaded here."""
         kernel = self.tuner._wrap(jit, self.target) if jit is not None else None
         return TuneResult(kernel, best.config, best.median_ms, ref_latency, trials, False, self.key,
-                          time.perf_counter() - self.t_start, str(self.target.spec), phases=phases)
+                          time.perf_counter() - self.t_start, str(self.target.spec), phases=phases,
+                          timeline=timeline)

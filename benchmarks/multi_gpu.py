@@ -15,6 +15,11 @@ times every distinct winner of a mode side by side in one process (5 interleaved
 winner or within 1%" is judged on one GPU at one time. ``pairs`` has, per mode and arm, the wall time
 over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all``).
 
+Each tuning arm's JSON has the job's ``timeline`` (autotuner/timeline.py): ``events`` as
+``[t, what, where]``, t in seconds since the plan started, and per device ``measured``, ``ready_s``,
+``busy_s``, ``idle_s``, ``first_s``, ``last_s``; ``before_plan_s`` is the wall time spent before the
+plan (building the tuner). The log prints each arm's key events on one line.
+
 Saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips what would not fit.
 On an ``nvidia-h200-x2`` host (32 cores) ``--modes cold`` with every arm takes about 5-7 minutes,
 ``--ray --modes warm`` about 4-5. Shorter: ``--configs 96`` (every third config of the grid).
@@ -85,8 +90,27 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     for t in r.trials:
         per_device[str(t.device)] = per_device.get(str(t.device), 0) + 1
         statuses[str(t.status)] = statuses.get(str(t.status), 0) + 1
+    timeline = r.timeline.as_dict()
+    end = max(e[0] for e in timeline["events"])
     return {**out, "tuning": tuning, "wall_s": round(wall, 2), "phases": {k: round(v, 2) for k, v in r.phases.items()},
-            "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device}
+            "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device,
+            "timeline": timeline, "before_plan_s": round(wall - end, 2)}
+
+
+#: The timeline events the log line shows (every event is in the JSON).
+KEY_EVENTS = ("job start", "opened", "process up", "imports done", "reference timed #0", "pool ready",
+              "first compiled", "last compiled", "first measured", "last measured", "finalists start", "job end")
+
+
+def timeline_line(run: dict[str, Any]) -> str:
+    """One arm's key events and each device's busy/idle seconds, for the log."""
+    tl = run.get("timeline")
+    if not tl:
+        return ""
+    events = " ".join(f"{where}:{what}@{t:.2f}" for t, what, where in tl["events"] if what in KEY_EVENTS)
+    use = " ".join(f"{k}[n={d['measured']} ready={d['ready_s']} busy={d['busy_s']:.2f} idle={d['idle_s']:.2f}]"
+                   for k, d in tl["devices"].items())
+    return f"before plan {run.get('before_plan_s')} s; {events} | {use}"
 
 
 def tilelang_tune(problem: Any, configs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -212,6 +236,8 @@ def main() -> None:
             longest = max(longest, run.get("process_s", 0.0))
             log(f"{which}: {run.get('wall_s', '-')} s, winner {run.get('config')} {run.get('latency_ms')} ms, "
                 f"per device {run.get('trials_per_device')} {run.get('error', '')}")
+            if run.get("timeline"):
+                log(f"{which} timeline: {timeline_line(run)}")
         dump(args.out, data)
         if kind in kinds and (i + 1 == len(plan) or plan[i + 1][1] != kind):  # the mode's last arm
             data["pairs"][kind] = compare_mode(args, data, kind, arms, env, warm_cache)

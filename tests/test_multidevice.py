@@ -114,6 +114,27 @@ def test_the_device_of_every_trial_is_in_the_database(crash_run):
         stored.close()
 
 
+def test_the_timeline_has_each_devices_start_and_candidates(crash_run):
+    from test_timeline import assert_before, order_of
+
+    result, per_device, _ = crash_run
+    tl = result.timeline
+    failing = {result.trials[0].device, result.trials[1].device}
+    for label in LABELS:
+        assert_before(tl, ("tune start", "job"), ("open", label), ("opened", label), ("first measured", label),
+                      ("last measured", label), ("compile and measure done", "job"), ("job end", "job"))
+        if label not in failing:  # a process that crashed or was killed took its stamps with it
+            assert_before(tl, ("opened", label), ("process up", label), ("imports done", label),
+                          ("first measured", label))
+        assert order_of(tl, label).count("process up") <= per_device[label].count("start"), (label, tl.line())
+    use = tl.devices()
+    assert set(use) == LABELS and sum(d["measured"] for d in use.values()) == len(CONFIGS), use
+    assert all(d["busy_s"] > 0 and d["idle_s"] >= 0 for d in use.values()), use
+    plan = next(e.where for e in tl.events if e.what == "finalists start")
+    assert_before(tl, ("compile and measure done", "job"), ("finalists start", plan), ("finalists end", plan),
+                  ("job end", "job"))
+
+
 def _measuring_children() -> list[int]:
     """Live child processes of this one that serve as measuring processes."""
     found = []

@@ -119,6 +119,24 @@ def test_every_trial_is_in_the_database_with_its_actor(ray_run):
 
 
 @needs_ray
+def test_the_timeline_has_each_actors_start_and_candidates(ray_run):
+    from test_timeline import assert_before
+
+    result, _, _, _ = ray_run
+    tl = result.timeline
+    for label in ("ray:0", "ray:1"):
+        assert_before(tl, ("open", label), ("opened", label), ("job end", "job"))
+    for label in {t.device for t in result.trials}:
+        assert_before(tl, ("opened", label), ("first measured", label), ("last measured", label),
+                      ("compile and measure done", "job"))
+        if label != result.trials[0].device:  # not the crashed actor, whose stamps died with it
+            assert_before(tl, ("process up", label), ("imports done", label), ("first measured", label))
+    assert_before(tl, ("pool start", "compile"), ("pool ready", "compile"), ("first compiled", "compile"),
+                  ("last compiled", "compile"))
+    assert sum(d["measured"] for d in tl.devices().values()) == len(CONFIGS), tl.devices()
+
+
+@needs_ray
 def test_the_running_ray_instance_is_reused(ray_run, local_ray):
     _, _, inits, _ = ray_run
     assert inits == [] and len(local_ray.nodes()) == 1
