@@ -258,6 +258,8 @@ class Bench:
             jit = build(s.kernel, cfg, s.target_spec, s.pass_configs)
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
             return Trial(cfg, Status.COMPILE_ERROR, "load after compile failed: " + format_error(e), compile_s)
+        if not self._cases:  # the first kernel: what its load costs, apart from the inputs (CUDA's start)
+            self.stamps.append((time.time(), f"first kernel loaded{self.tag}"))
         failed = self.check(jit)
         if failed is not None:
             return Trial(cfg, failed[0], failed[1], compile_s)

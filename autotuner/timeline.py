@@ -13,7 +13,8 @@ stamps, :func:`.bench.serve_one`):
   ``first compiled``, ``last compiled`` (outcomes as the job received them);
 * a device: ``open``/``opened`` (its measuring process spawned or Ray actor created, from its thread),
   then the measuring side's stamps: ``process up`` (interpreter or actor running), ``imports done``
-  (the job's kernels unpickled: TileLang and torch imported), ``inputs made #sid``,
+  (the job's kernels unpickled: TileLang and torch imported), ``first kernel loaded #sid`` (its first
+  candidate's kernel loaded, before CUDA has any buffer), ``inputs made #sid``,
   ``reference run #sid``, ``reference timed #sid`` (at a problem's first candidate); ``first measured``
   and ``last measured`` (when its first and its last candidate were done);
 * a plan: ``finalists start``, ``finalists end``, ``winner loaded``.

@@ -57,7 +57,8 @@ def test_a_job_has_one_timeline_from_the_plan_to_its_end(job_results):
     assert tl is not None and all(r.timeline is tl for r in job_results)
     assert tl.sorted_events()[0].what == "plan" and tl.sorted_events()[0].t == 0.0
     assert_before(tl, ("job start", "job"), ("tune start", "job"), ("open", MEASURER), ("opened", MEASURER),
-                  ("process up", MEASURER), ("imports done", MEASURER), ("inputs made #0", MEASURER),
+                  ("process up", MEASURER), ("imports done", MEASURER),
+                  ("first kernel loaded #0", MEASURER), ("inputs made #0", MEASURER),
                   ("reference timed #0", MEASURER), ("first measured", MEASURER), ("last measured", MEASURER),
                   ("compile and measure done", "job"), ("finalists start", "add16"), ("finalists end", "add16"),
                   ("winner loaded", "add16"), ("finalists start", "add32"), ("job end", "job"))
