@@ -198,8 +198,12 @@ class DevicePool:
         self._dead: DeviceLost | None = None  # set when the last device is lost
         for w in self._workers:
             w.start()
-        for w in self._workers:  # see the class docstring: started before the job forks its compile pool
-            w.opened.wait()
+        try:
+            for w in self._workers:  # see the class docstring: started before the job forks its compile pool
+                w.opened.wait()
+        except BaseException:  # Ctrl-C while they open: close those started (a Ray actor holds its GPU)
+            self.close()
+            raise
         logger.info("measuring on %d devices: %s", len(devices), ", ".join(d.label for d in devices))
 
     @property

@@ -71,4 +71,5 @@ class Hint:
         c = self.to_config()
         pred = "" if self.prediction is None else f" ~{self.prediction.latency_ms * 1e3:.1f} us"
         return (f"{c['block_M']}x{c['block_N']}x{c['block_K']} stages={c['num_stages']} "
-                f"threads={c['thread_num']} raster={c['enable_rasterization']}{pred}")
+                f"threads={c['thread_num']} raster={c['enable_rasterization']}"
+                f"{'' if self.split_k == 1 else f' split={self.split_k}'}{pred}")

@@ -8,9 +8,10 @@
     tmpl.validate(config)                      # [] if legal, else what is wrong and how to fix it
 
 The search covers more than TileLang's 288-config grid (block 192/96/32, 4+ stages, block_K 128,
-384 threads, split-K where the tiles underfill the GPU) but only legal configs, and it hedges: at most
-half of the hints may come from outside the region the constants were calibrated on, so a wrong
-extrapolation cannot push every measured winner out of the top-k.
+384 threads, split-K where the tiles underfill the GPU) but only legal configs, and it hedges: while
+the next config of the region the constants were calibrated on is predicted within ``HEDGE_RANGE`` of
+the best, at most half of the hints may come from outside it, so a wrong extrapolation cannot push every
+measured winner out of the top-k (past that range, e.g. at few rows, the list may hold none of them).
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ class MatmulTemplate:
 
         Configs outside the region the constants were calibrated on (TileLang's 288-config grid) must be
         predicted :data:`EXTRAPOLATION_MARGIN` faster to rank above a calibrated one, every prefix of the
-        list holds at most half (rounded up) of them while a calibrated config is predicted within
+        list holds at most half (rounded up) of them while the next calibrated config is predicted within
         :data:`HEDGE_RANGE` of the best, and an extrapolated hint must bring a new tile
         shape (or be >1% better than the same tile already chosen). Rasterization on/off twins that the
         model cannot tell apart count once. ``recommend_hints(k)`` is a prefix of ``recommend_hints(k+1)``.
@@ -324,7 +325,7 @@ class MatmulTemplate:
             return int(cfgs.block_M[i]), int(cfgs.block_N[i]), int(cfgs.block_K[i])
 
         def twin(i: int) -> bool:
-            k = tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))
+            k = tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]), int(cfgs.split_k[i]))
             return k in seen and abs(seen[k] - lat[i]) <= 1e-3 * lat[i]
 
         while len(chosen) < topk and (inside or beyond):
@@ -339,7 +340,7 @@ class MatmulTemplate:
                 break  # only extrapolated configs are left and the prefix rule forbids them here
             i = beyond.pop(0) if take_out else inside.pop(0)
             n_out += bool(take_out)
-            seen[tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]))] = float(lat[i])
+            seen[tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]), int(cfgs.split_k[i]))] = float(lat[i])
             tiles[tile_of(i)] = min(tiles.get(tile_of(i), np.inf), float(lat[i]))
             chosen.append(i)
         return chosen

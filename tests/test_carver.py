@@ -387,6 +387,7 @@ def test_split_k_is_searched_only_where_the_tiles_underfill_the_gpu():
     assert (tiles[split] < h200.sm_count).all() and (tiles[split] * space.split_k[split] <= 2 * h200.sm_count).all()
     for h in few.recommend_hints(8):
         assert few.validate(h.to_config()) == []
+        assert (f" split={h.split_k}" in str(h)) == (h.split_k > 1)  # a split hint says so when printed
     assert (MatmulTemplate(8192, 8192, 8192).with_arch(h200).search_space().split_k == 1).all()
 
 
