@@ -26,7 +26,6 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -179,7 +178,7 @@ class DevicePool:
     Each device's measuring side is opened on its own thread, and the pool returns once every one is
     started (a process spawned, an actor created; not yet imported): a process forked from this one
     meanwhile (the job's compile pool) would inherit the pipe ``subprocess.Popen`` waits on until the
-    measuring process runs, and hold it open for its life. Seen on the C target (2026-11-23): every
+    measuring process runs, and hold it open for its life. Seen on the C target (2026-11-22): every
     device's ``Popen`` returned only when the compile pool ended, so no device began its imports before
     the last candidate was compiled (a warm grid's whole compile stream).
     """
@@ -254,12 +253,7 @@ class DevicePool:
         """Measure ``cfg`` on the next free device; the future's result is the trial, carrying its
         device's label."""
         def job(w: _Worker) -> Trial:
-            start = time.time()
-            trial = w.bench.measure(sid, index, cfg, compile_s)
-            self.timeline.measured(w.device.label, start, time.time())
-            take = getattr(w.bench, "take_stamps", None)  # a measuring side may keep none (tests' fakes)
-            if take is not None:
-                self.timeline.stamps(w.device.label, take())
+            trial = self.timeline.measure(w.device.label, w.bench, sid, index, cfg, compile_s)
             self._measured_on[sid, index] = w
             w.measured += 1
             return replace(trial, device=w.device.label)

@@ -252,8 +252,8 @@ class _Job:
                     pending[bench.submit(r.sid, out.index, cfg, out.seconds)] = (r, out.index)
                     self._collect(bench, pending, block=False)
                 else:
-                    r.measured(out.index, functools.partial(self._measure_here, bench, r.sid, out.index, cfg,
-                                                            out.seconds), bench)
+                    r.measured(out.index, functools.partial(self.timeline.measure, MEASURER, bench, r.sid,
+                                                            out.index, cfg, out.seconds), bench)
                 if any(x.outcome is not None for x in runs) and all(x.outcome is not None or x.left == 0
                                                                      for x in runs):
                     break  # what is left in the pool belongs to failed plans: stop it
@@ -262,16 +262,6 @@ class _Job:
         while pending:
             self._collect(bench, pending, block=True)
         tl.mark("compile and measure done")
-
-    def _measure_here(self, bench: Measurer, sid: int, index: int, cfg: dict[str, Any],
-                      compile_s: float | None) -> Trial:
-        """``bench.measure``, the job's one measuring side: the call and the side's stamps on the timeline."""
-        start = time.time()
-        try:
-            return bench.measure(sid, index, cfg, compile_s)
-        finally:
-            self.timeline.measured(MEASURER, start, time.time())
-            self.timeline.stamps(MEASURER, bench.take_stamps())
 
     @staticmethod
     def _drop_failed(pending: dict[Future, tuple[_PlanRun, int]], bench: Measurer) -> None:

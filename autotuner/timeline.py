@@ -71,6 +71,16 @@ class Timeline:
         for at, what in stamps:
             self.mark(what, where, at)
 
+    def measure(self, where: str, bench: Any, *args: Any) -> Any:
+        """``bench.measure(*args)`` on device ``where``: the call's span and the stamps the measuring side
+        brought back with it (``bench.take_stamps()``) go on the timeline, whether or not it raised."""
+        start = time.time()
+        try:
+            return bench.measure(*args)
+        finally:
+            self.measured(where, start, time.time())
+            self.stamps(where, bench.take_stamps())
+
     def measured(self, where: str, start: float, end: float) -> None:
         """One measure call on device ``where``, from ``start`` to ``end`` (wall times)."""
         with self._lock:

@@ -226,6 +226,9 @@ class FakeBench:
     def measured_hash(self, sid, index):
         return None
 
+    def take_stamps(self):
+        return []
+
     def release(self, sid):
         self._check()
         self.released.append(sid)
