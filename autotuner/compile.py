@@ -449,7 +449,7 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
         outcomes = compile_on_ray(tasks, n_jobs)
     elif backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
-        outcomes = _forked_pool(n, tasks, ready) if n > 1 else _announced(ready, (compile_task(*t) for t in tasks))
+        outcomes = _forked_pool(n, tasks, ready) if n > 1 else (compile_task(*t) for t in tasks)
     else:
         from joblib import Parallel, delayed
 
@@ -462,24 +462,16 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
         else:
             parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
         outcomes = parallel(jobs)
-    if backend != "multiprocessing":
-        outcomes = _announced(ready, outcomes)
-    return _placed(outcomes, where)
+    forked = backend == "multiprocessing" and n > 1  # the forked pool says itself when its workers exist
+    return _placed(outcomes, where, None if forked else ready)
 
 
-def _announced(ready: Callable[[], None], outcomes: Iterator[CompileOutcome]) -> Iterator[CompileOutcome]:
-    """``outcomes``, calling ``ready()`` when the first is asked for; closing this closes ``outcomes``."""
-    ready()
-    try:
-        yield from outcomes
-    finally:
-        close = getattr(outcomes, "close", None)
-        if close is not None:
-            close()
-
-
-def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]]) -> Iterator[CompileOutcome]:
-    """Each outcome with its batch and its index in that batch; closing this closes the pool's iterator."""
+def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],
+            ready: Callable[[], None] | None = None) -> Iterator[CompileOutcome]:
+    """Each outcome with its batch and its index in that batch; closing this closes the pool's iterator.
+    ``ready()``, when given, is called when the first outcome is asked for."""
+    if ready is not None:
+        ready()
     try:
         for out in outcomes:
             b, i = where[out.index]
