@@ -303,12 +303,17 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
 
 def attention_space() -> list[dict[str, Any]]:
     """The whole grid (:data:`ATTENTION_GRID`), less what no GPU can run (the rules without an arch)."""
-    return [dict(zip(ATTENTION_GRID, v)) for v in itertools.product(*ATTENTION_GRID.values())]
+    return _product(ATTENTION_GRID)
 
 
 def attention_ws_space() -> list[dict[str, Any]]:
     """The ws variant's grid (:data:`ATTENTION_WS_GRID`)."""
-    return [dict(zip(ATTENTION_WS_GRID, v)) for v in itertools.product(*ATTENTION_WS_GRID.values())]
+    return _product(ATTENTION_WS_GRID)
+
+
+def _product(grid: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Every config of ``grid`` (key -> values), in ``itertools.product`` order."""
+    return [dict(zip(grid, v)) for v in itertools.product(*grid.values())]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -324,8 +324,11 @@ class MatmulTemplate:
         def tile_of(i: int) -> tuple[int, int, int]:
             return int(cfgs.block_M[i]), int(cfgs.block_N[i]), int(cfgs.block_K[i])
 
+        def twin_key(i: int) -> tuple[int, ...]:
+            return tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]), int(cfgs.split_k[i]))
+
         def twin(i: int) -> bool:
-            k = tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]), int(cfgs.split_k[i]))
+            k = twin_key(i)
             return k in seen and abs(seen[k] - lat[i]) <= 1e-3 * lat[i]
 
         while len(chosen) < topk and (inside or beyond):
@@ -340,7 +343,7 @@ class MatmulTemplate:
                 break  # only extrapolated configs are left and the prefix rule forbids them here
             i = beyond.pop(0) if take_out else inside.pop(0)
             n_out += bool(take_out)
-            seen[tile_of(i) + (int(cfgs.num_stages[i]), int(cfgs.thread_num[i]), int(cfgs.split_k[i]))] = float(lat[i])
+            seen[twin_key(i)] = float(lat[i])
             tiles[tile_of(i)] = min(tiles.get(tile_of(i), np.inf), float(lat[i]))
             chosen.append(i)
         return chosen
