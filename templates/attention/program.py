@@ -22,7 +22,7 @@ Causal: the loop stops at the last key block the CTA's last query row can see.
 """
 
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations.
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .config import AttentionConfig, AttentionProblem, make_problem
 from .ws_program import ws_program
@@ -30,7 +30,16 @@ from .ws_program import ws_program
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
-__all__ = ["kernel", "program"]
+__all__ = ["kernel", "key_steps", "program"]
+
+
+def key_steps(S: int, block_M: int, block_N: int, bx: Any, causal: bool) -> Any:
+    """The key blocks CTA ``bx`` visits: all of them, or (causal) up to the last one its last query row sees."""
+    import tilelang.language as T
+
+    if causal:
+        return T.min(T.ceildiv(S, block_N), T.ceildiv((bx + 1) * block_M, block_N))
+    return T.ceildiv(S, block_N)
 
 
 def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
@@ -71,10 +80,7 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
             T.fill(acc_o, 0)
             T.fill(logsum, 0)
             T.fill(scores_max, -T.infinity(accum))
-            if causal:
-                steps = T.min(T.ceildiv(S, block_N), T.ceildiv((bx + 1) * block_M, block_N))
-            else:
-                steps = T.ceildiv(S, block_N)
+            steps = key_steps(S, block_M, block_N, bx, causal)
 
             for k in T.Pipelined(steps, num_stages=num_stages):
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_shared)

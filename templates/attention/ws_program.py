@@ -58,6 +58,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     """The ``T.prim_func`` of the hand-scheduled loop (checked by the caller, ``program.program``)."""
     import tilelang.language as T
 
+    from .program import key_steps  # program.py imports this module
+
     B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
     groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
     bm, bn, st = config.block_M, config.block_N, config.num_stages
@@ -139,10 +141,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
             k_empty = T.alloc_barrier([cwarps] * st)
             v_empty = T.alloc_barrier([cwarps] * st)
-            if causal:
-                steps = T.min(T.ceildiv(S, bn), T.ceildiv((bx + 1) * bm, bn))
-            else:
-                steps = T.ceildiv(S, bn)
+            steps = key_steps(S, bm, bn, bx, causal)
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
                 T.set_max_nreg(WS_PRODUCER_REGS, 0)
