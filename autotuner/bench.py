@@ -529,8 +529,9 @@ class ServedBench:
 
 
 class IsolatedBench(ServedBench):
-    """A :class:`Benches` in a spawned process, restarted when a candidate kills it: one process for
-    every spec of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
+    """A :class:`Benches` in a spawned process, restarted as soon as a candidate kills it or hangs (so the
+    next one starts its imports while this device waits for its next candidate): one process for every spec
+    of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
     """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, env: dict[str, str] | None = None) -> None:
@@ -539,6 +540,7 @@ class IsolatedBench(ServedBench):
         self._payload = spec_payload(self.specs)
         self._proc: Any = None
         self._conn: Any = None
+        self._stopping = False  # set by abort(): a process killed then is not restarted
         self._start()
 
     def _start(self) -> None:
@@ -580,23 +582,33 @@ class IsolatedBench(ServedBench):
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
         else:
-            self._kill()
+            self._restart()
             return "timeout", f"kernel ran past run_timeout={timeout:g} s; measuring process killed"
         try:
             code = self._proc.wait(10)
         except subprocess.TimeoutExpired:
             code = None
-        self._kill()
+        self._restart()
         how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return "died", (f"the measuring process died ({how}) while running this config: a crash or a sticky "
                         "CUDA error; it was restarted for the remaining configs")
 
+    def _restart(self) -> None:
+        """After a death or a hang: kill what is left and start the next process now, not at the next call,
+        so its start overlaps this device's wait for work (unless the run is stopping: :meth:`abort`)."""
+        self._kill()
+        if not self._stopping:
+            self._start()
+
     def _is_up(self) -> bool:
-        return self._proc is not None
+        """Whether a process that has answered is running: one not yet called holds no problem's inputs."""
+        return self._proc is not None and self._ready
 
     def abort(self) -> None:
         """Kill the measuring process now, from any thread: a call waiting on it returns at once as
-        ``died``. For a run that stops while this process may be busy with a candidate."""
+        ``died``, and it is not restarted. For a run that stops while this process may be busy with a
+        candidate."""
+        self._stopping = True
         proc = self._proc
         if proc is not None and proc.poll() is None:
             proc.kill()
