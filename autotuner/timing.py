@@ -44,7 +44,7 @@ def _summary(samples: list[float]) -> Timing:
 
 def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, mode: str = "burst",
                   backend: str = "event", sustain_s: float = 2.0,
-                  prepare: Callable[[], Any] | None = None) -> Timing:
+                  prepare: Callable[[], Any] | None = None, flush: str = "write") -> Timing:
     """Median latency of ``fn()`` in milliseconds over ``rep`` calls after ``warmup`` calls.
 
     ``prepare()``, when given, runs before every call (warm-up calls too) outside the timed region:
@@ -59,7 +59,13 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     launch overhead does not count; it suits compute-bound kernels of a few microseconds. L2 is
     flushed only before each replay, so inputs that fit in L2 stay resident after the graph's
     first call: for a memory-bound kernel on small data it measures L2, not HBM.
+
+    ``flush="write"`` (default) flushes L2 by zeroing a buffer larger than it, which leaves L2 full of
+    dirty lines that the timed call writes back as it evicts them; ``"read"`` flushes by reading that
+    buffer, which leaves clean lines, so the call pays only for its own traffic.
     """
+    if flush not in ("write", "read"):
+        raise ValueError(f"flush must be 'write' or 'read', got {flush!r}")
     if rep < 1:
         raise ValueError(f"rep must be >= 1 timed call, got {rep!r}")
     if warmup < 0:
@@ -106,7 +112,10 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
         if prepare is not None:
             prepare()
         if mode == "burst":
-            _flush_buf.zero_()
+            if flush == "write":
+                _flush_buf.zero_()
+            else:
+                _flush_buf.max()
         starts[i].record()
         fn()
         ends[i].record()

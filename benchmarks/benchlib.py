@@ -129,3 +129,54 @@ def score_hints(rows: list[dict[str, Any]], hints: Sequence[Any]) -> dict[str, A
         f"carver_top{len(hints)}_vs_best": (best["ms"] / min(measured)) if best and measured else None,
         "mismatching_configs": sum(1 for r in rows if r["correct"] is False),
     }
+
+
+class Streamed:
+    """``fns[i % len(fns)]()`` called ``calls`` times back to back, captured once in a CUDA graph and
+    replayed: milliseconds per call, as a model sees a kernel that runs layer after layer.
+
+    Each of ``fns`` works on its own copy of the data, and together the copies are larger than L2 (see
+    :func:`copies_past_l2`): every call streams its inputs from HBM, and the lines earlier calls wrote
+    are written back while later ones run, so each call pays for all of its own traffic. A flush before
+    every call cannot do both: a flush that writes L2 charges the next call for the flush's write-backs;
+    one that reads L2 lets a copy's writes stay in L2, unpaid. The graph keeps the host's launch cost
+    out, as CUDA graphs do in a decoding model."""
+
+    def __init__(self, fns: Sequence[Callable[[], Any]], calls: int) -> None:
+        import torch
+
+        self.calls = calls - calls % len(fns) or len(fns)  # whole turns: a replay starts on a cold copy
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the default stream, as torch's graph docs ask
+            for f in fns:
+                f()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            for j in range(self.calls):
+                fns[j % len(fns)]()
+        self.graph.replay()
+        torch.cuda.synchronize()
+
+    def time(self, rep: int) -> float:
+        """The median over ``rep`` replays of one replay's time divided by its calls, in milliseconds."""
+        import torch
+
+        samples = []
+        for _ in range(rep):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / self.calls)
+        return median(samples)
+
+
+def copies_past_l2(nbytes: int, factor: int = 4) -> int:
+    """How many copies of ``nbytes`` of data fill ``factor`` times the local GPU's L2 (two at least)."""
+    import torch
+
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(2, math.ceil(factor * l2 / nbytes))

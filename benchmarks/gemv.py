@@ -5,7 +5,7 @@ tuned kernel against torch (cuBLAS). One process, its own time limit, JSON writt
     python3 benchmarks/gemv.py --out $OUT/gemv --steps grid,holdout          # split over two calls
     python3 benchmarks/gemv.py --quick --out /tmp/gemv                        # about 2 minutes
 
-Steps (``--steps grid,holdout,torch``, all by default):
+Steps (``--steps grid,holdout,torch,bandwidth``; all but ``bandwidth`` by default):
 
 * ``grid``: every config of ``templates.gemv.space`` (both paths: 72 SIMT, up to 40 mma) for the
   calibration shapes (M = 1 and 16 on 4096x4096 and 11008x4096, fp16), each checked against the fp32
@@ -18,6 +18,10 @@ Steps (``--steps grid,holdout,torch``, all by default):
   the best of the carver's top-8 against ``x @ W.T`` (cuBLAS) and against ``dst.copy_(src)`` of the
   weight bytes, in interleaved rounds; bandwidth = weight bytes / time, a copy's = 2 x its bytes / time
   (it reads and writes them); geomean speedup per M.
+* ``bandwidth``: M = 1 and 16 on the same weights: the carver's top-8, torch and the copy, each timed
+  three ways in interleaved rounds (``bandwidth.json``): alone after a flush that writes L2 (the
+  tuner's), alone after one that reads it, and streamed (``benchlib.Streamed``: back to back over
+  copies of the weights larger than L2, in a CUDA graph), where every call pays for all its own traffic.
 
 Timing: ``autotuner.timing.time_callable`` with CUDA events (``--backend event``, the default), every
 call timed alone after an L2 flush, so the weights stream from HBM as they do in a model. With
@@ -29,6 +33,7 @@ H200, 2026-11-21: 5.7 TB/s for a 32 MB weight, above the HBM's 4.8).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -199,6 +204,87 @@ class Bench:
         return rows
 
 
+    def bandwidth(self, weights: list[tuple[int, int]], ms: tuple[int, ...]) -> list[dict[str, Any]]:
+        """The carver's top-8 (``--bandwidth-space top8``) or the whole grid, its SIMT configs with twice
+        its deepest unroll and its mma configs with 6 and 8 stages (``all``), torch and a copy of the
+        weight bytes, each timed three ways in interleaved rounds: alone after a flush that writes L2 (the
+        tuner's), alone after one that reads it, and streamed (:class:`benchlib.Streamed`: back to back
+        over copies larger than L2, in a CUDA graph)."""
+        from benchlib import Streamed, copies_past_l2, median
+
+        from autotuner.timing import time_callable
+        from templates.gemv import GEMV, GemvProblem
+
+        torch, rows = self.torch, []
+        for N, K in weights:
+            for M in ms:
+                if self.left() < 30:
+                    log(f"bandwidth: time limit, skipping {M}x{N}x{K}")
+                    continue
+                problem = GemvProblem(M, N, K, self.args.dtype)
+                x, W, ref = self.inputs(M, N, K, self.args.dtype)
+                configs = GEMV.candidates(problem, self.arch, 8)
+                if self.args.bandwidth_space == "all":
+                    deeper = [dataclasses.replace(c, block_K=2 * c.block_K) for c in GEMV.space(problem)
+                              if c.path == "simt" and c.block_K == c.thread_num // c.block_N * 8 * 8]
+                    deeper += [dataclasses.replace(c, num_stages=s) for c in GEMV.space(problem)
+                               if c.path == "mma" and c.num_stages == 4 for s in (6, 8)]
+                    configs += [c for c in GEMV.space(problem) + deeper
+                                if c not in configs and not GEMV.check(problem, c, self.arch)]
+                built = [b for b in self.compile_all(problem, configs) if b[1]]
+                fns: dict[str, Any] = {}
+                for cfg, k, _, _ in built:
+                    if bool(torch.isclose(k(x, W).float(), ref, atol=1e-2, rtol=1e-2).all()):
+                        fns[json.dumps(cfg.to_dict(), sort_keys=True)] = k
+                n = copies_past_l2(problem.weight_bytes)
+                Ws = [W] + [W.clone() for _ in range(n - 1)]
+                srcs = [w.view(-1) for w in Ws]
+                dsts = [torch.empty_like(s) for s in srcs]
+                calls = {name: [(lambda k=k, w=w, x=x: k(x, w)) for w in Ws] for name, k in fns.items()}
+                calls["torch"] = [(lambda w=w, x=x: x @ w.T) for w in Ws]
+                calls["copy"] = [(lambda d=d, s=s: d.copy_(s)) for d, s in zip(dsts, srcs)]
+                streams = {name: Streamed(fs, 4 * n) for name, fs in calls.items()}
+                times: dict[str, dict[str, list[float]]] = {m: {name: [] for name in calls}
+                                                            for m in ("write", "read", "stream")}
+                for _ in range(self.args.rounds):  # interleaved, so clock drift hits every arm alike
+                    for name, fs in calls.items():
+                        for how in ("write", "read"):
+                            times[how][name].append(time_callable(fs[0], 5, self.args.rep, "cuda",
+                                                                  flush=how).median_ms)
+                        times["stream"][name].append(streams[name].time(20))
+                row: dict[str, Any] = {"M": M, "N": N, "K": K, "dtype": self.args.dtype, "copies": n,
+                                       "weight_bytes": problem.weight_bytes, "rounds": times}
+                for how, arms in times.items():
+                    med = {name: median(v) for name, v in arms.items()}
+                    best = min((m, name) for name, m in med.items() if name not in ("torch", "copy"))
+                    row[how] = {"best_config": json.loads(best[1]), "ms": best[0], "torch_ms": med["torch"],
+                                "copy_ms": med["copy"], "speedup_vs_torch": med["torch"] / best[0],
+                                "gbps": problem.weight_bytes / best[0] / 1e6,
+                                "copy_gbps": 2 * problem.weight_bytes / med["copy"] / 1e6,
+                                "bw_vs_copy": med["copy"] / (2 * best[0]), "configs": med}
+                log(f"bandwidth {M}x{N}x{K}: " + "; ".join(
+                    f"{how} {r['ms'] * 1e3:.1f} us {r['gbps']:.0f} GB/s = {r['bw_vs_copy']:.3f} of copy "
+                    f"({r['copy_gbps']:.0f}), {r['speedup_vs_torch']:.3f}x torch"
+                    for how, r in ((h, row[h]) for h in ("write", "read", "stream"))))
+                rows.append(row)
+                dump(self.out / "bandwidth.json", {"device": self.device, "rows": rows})
+                del Ws, srcs, dsts, calls, streams
+                torch.cuda.empty_cache()
+        return rows
+
+
+def bandwidth_table(rows: list[dict]) -> str:
+    lines = ["| M | N x K | timing | ours us | GB/s | copy GB/s | of copy | torch us | speedup |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for how in ("write", "read", "stream"):
+            b = r[how]
+            lines.append(f"| {r['M']} | {r['N']}x{r['K']} | {how} | {b['ms'] * 1e3:.1f} | {b['gbps']:.0f} | "
+                         f"{b['copy_gbps']:.0f} | {b['bw_vs_copy']:.3f} | {b['torch_ms'] * 1e3:.1f} | "
+                         f"{b['speedup_vs_torch']:.3f} |")
+    return "\n".join(lines)
+
+
 def table(grid: list[dict], holdout: list[dict], rows: list[dict]) -> str:
     lines = ["| shape | set | best us | GB/s | top-1 | best of top-8 | torch us |", "|---|---|---|---|---|---|---|"]
     for name, ss in (("calibration", grid), ("holdout", holdout)):
@@ -234,26 +320,34 @@ def main() -> None:
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--backend", default="event", choices=("cudagraph", "event"))
+    p.add_argument("--bandwidth-space", default="top8", choices=("top8", "all"))
+    p.add_argument("--bandwidth-m", default="1,16", help="rows of x for the bandwidth step, comma-separated")
+    p.add_argument("--weights", help="NxK,NxK,...: the weights of the torch and bandwidth steps (default: Llama's)")
     args = p.parse_args()
     steps = set(args.steps.split(","))
+    weights = ([tuple(map(int, w.split("x"))) for w in args.weights.split(",")] if args.weights
+               else QUICK_LLAMA if args.quick else LLAMA)
     b = Bench(args)
     log(f"{b.device}; carver arch {b.arch.name}; out {b.out}")
-    grid, holdout, rows = [], [], []
+    grid, holdout, rows, bw = [], [], [], []
     try:
         if "grid" in steps:
             grid = b.grid(QUICK_CAL if args.quick else CAL, "grid")
         if "holdout" in steps:
             holdout = b.grid(QUICK_HOLDOUT if args.quick else HOLDOUT, "holdout")
         if "torch" in steps:
-            rows = b.versus_torch(QUICK_LLAMA if args.quick else LLAMA)
+            rows = b.versus_torch(weights)
+        if "bandwidth" in steps:
+            bw = b.bandwidth(weights, tuple(map(int, args.bandwidth_m.split(","))))
     except Exception:
         traceback.print_exc()
     finally:
-        text = table(grid, holdout, rows)
+        text = table(grid, holdout, rows) + ("\n\n" + bandwidth_table(bw) if bw else "")
         print(text)
         b.out.mkdir(parents=True, exist_ok=True)
         (b.out / "summary.md").write_text(text + "\n")
         dump(b.out / "summary.json", {"device": b.device, "grid": grid, "holdout": holdout, "versus_torch": rows,
+                                      "bandwidth": bw,
                                       "wall_s": time.time() - T0})
 
 
