@@ -192,6 +192,14 @@ def test_run_counts_must_be_counts():
         t.run(warmup=1, rep=0)
 
 
+def test_an_unknown_l2_flush_is_refused_by_name():
+    from autotuner.timing import time_callable
+
+    with pytest.raises(ValueError, match=r"flush must be 'write' or 'read', got 'zero'"):
+        time_callable(lambda: None, 0, 1, "cpu", flush="zero")
+    assert time_callable(lambda: None, 0, 2, "cpu", flush="read").reps == 2
+
+
 def test_set_profile_args_newer_signature():
     t = (AutoTuner.from_kernel(add, [dict(block_M=32, block_N=32)])
          .set_compile_args(out_idx=[-1], target="c")
