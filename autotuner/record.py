@@ -64,6 +64,7 @@ class Recording:
             raise ValueError(f"the recorded kernels compile for different targets {sorted(targets)}; one table "
                              "holds one target: record them separately")
         logger.info("tuning %d recorded keys of %d kernels in one job", len(self.seen), len(kernels))
+        self.results = []  # a tune that raises leaves none, not the previous tune's
         self.results = tune_keys(list(self.seen.values()), progress=progress)
         if path is None or not kernels:
             return None

@@ -135,6 +135,20 @@ def test_record_collects_each_bucket_key_once(tuned):
     assert tuned.kk.config_for(key(5))[1] == "tuned"
 
 
+def test_a_failed_tune_leaves_no_results_of_an_earlier_one(tuned, monkeypatch):
+    rec_mod = sys.modules["autotuner.record"]
+    rec = rec_mod.Recording()
+    rec.seen, rec.results = dict(tuned.rec.seen), ["a result of an earlier tune"]
+
+    def fail(*args, **kwargs):
+        raise TuningError("every key failed")
+
+    monkeypatch.setattr(rec_mod, "tune_keys", fail)
+    with pytest.raises(TuningError, match="every key failed"):
+        rec.tune()
+    assert rec.results == []
+
+
 def test_the_database_serves_a_tuned_key_without_tuning(tuned, monkeypatch):
     monkeypatch.setattr(autotuner.AutoTuner, "plan", lambda *a, **k: pytest.fail("something was tuned"))
     fresh = make_keyed(tuned.db)
