@@ -288,6 +288,12 @@ class DevicePool:
             self._cond.notify_all()
         return fut
 
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
+        """Have every device make problem ``sid``'s inputs for ``config`` while it waits for its first
+        candidate (:meth:`.bench.IsolatedBench.prepare`); returns at once."""
+        for w in list(self._alive):
+            self._on(w, lambda w: w.bench.prepare(sid, config, elaborate_timeout))
+
     def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
         """Time a candidate again on the first device (it loads the kernel, a disk-cache hit, when another
         device measured it): every finalist is timed on that one device."""
