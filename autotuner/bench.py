@@ -485,7 +485,7 @@ def _serve(fd: int, device: str = "cpu") -> None:
     reader.start()
     stamps = [(up, "process up"), *start_device(device)]
     reader.join()
-    if job[0] is None:
+    if not job or job[0] is None:
         return
     payload, scratch = job[0]
     if scratch is not None and os.path.isdir(scratch):  # spawned before the run's scratch directory existed
@@ -508,7 +508,7 @@ def _receive_job(conn: Any) -> tuple | None:
     took, none came in time."""
     try:
         return conn.recv() if conn.poll(spares.MAX_AGE_S + 60) else None
-    except EOFError:
+    except (EOFError, OSError):
         return None
 
 

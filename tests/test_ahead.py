@@ -16,7 +16,7 @@ from test_multidevice import _measuring_children
 from test_timeline import assert_before, order_of
 
 import autotuner.compile as compile_mod
-from autotuner import AutoTuner, tune_all
+from autotuner import AutoTuner, spares, tune_all
 from autotuner.bench import Bench, Benches
 from autotuner.errors import TuningInputError
 from autotuner.job import MEASURER
@@ -115,3 +115,26 @@ def test_the_plans_start_one_measuring_process_the_job_takes_and_a_stored_proble
     assert "measuring started" in [what for _, what in spare.stamps] and len(_measuring_children()) == 1
     (served,) = tune_all([stored])
     assert served.from_cache and served.config == first.config and no_measuring_children()
+
+
+class _FakeSpare:
+    def __init__(self, age: float, alive: bool = True) -> None:
+        self.spawned, self._alive, self.closed = time.time() - age, alive, False
+
+    def alive(self) -> bool:
+        return self._alive
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_spare_too_old_or_dead_is_closed_not_taken():
+    kind = ("test", "fake")
+    old, dead, fresh = _FakeSpare(spares.MAX_AGE_S + 1), _FakeSpare(1, alive=False), _FakeSpare(1)
+    for s in (old, dead, fresh):
+        spares.keep(kind, s)
+    try:
+        assert spares.take(kind) is fresh and spares.take(kind) is None
+        assert old.closed and dead.closed and not fresh.closed
+    finally:
+        spares.close_all()
