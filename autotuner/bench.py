@@ -10,14 +10,17 @@ which holds every problem's spec and names one by its position in the job (``sid
   A kernel that faults leaves a CUDA context unusable for the rest of the process ("sticky"
   errors such as an illegal address), and one that segfaults on the CPU takes its process with
   it. Isolated, that costs one trial (``runtime_error``) and a restart of the measuring process;
-  a kernel that runs past ``run_timeout`` is killed (``timeout``). The process starts when
-  tuning starts, so its imports overlap with compilation.
+  a kernel that runs past ``run_timeout`` is killed (``timeout``). The process starts during the plan
+  (:func:`prestart`, :mod:`.spares`), so that its imports and its GPU's start overlap the plan and
+  compilation.
 * Both it and a Ray measuring actor (:mod:`.ray_cluster`) are a :class:`ServedBench`: a ``Benches``
   on the other side of a channel, answering :func:`serve_one`'s requests.
 
 A problem's inputs (generated tensors, their pristine copies, the reference's outputs) are made when its
 first candidate arrives and freed by ``release(sid)`` when its last is recorded; re-timing its finalists
-makes them again (same seed, same data), so a job keeps few problems' inputs on the device at once.
+makes them again (same seed, same data), so a job keeps few problems' inputs on the device at once. The
+job's first problem has them made ahead, while the measuring side waits for its first candidate
+(``prepare``: the config elaborated, no compile), so that this candidate only loads its kernel.
 """
 
 from __future__ import annotations
@@ -29,16 +32,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import procs
+from . import procs, spares
 from .cache import prim_hash
 from .check import compare, make_args, manual_check, poison_, run_reference, same_bits, supplied_inputs
 from .compile import (
     build,
     cloudpickle_module,
+    elaborate_config,
     kernel_globals,
     kernel_sources,
     restore_globals,
@@ -46,11 +51,11 @@ from .compile import (
 )
 from .errors import TuningInputError
 from .settings import CheckSettings, TimingSettings, resolve_out_idx
-from .timing import Timing, time_callable
+from .timing import Timing, l2_flush_buffer, time_callable
 from .trial import Status, Trial, format_error
 
 __all__ = ["Bench", "BenchSpec", "Benches", "IsolatedBench", "Measurer", "ServedBench", "load_specs", "make_measurer",
-           "param_names", "raise_for_reply", "resolve_roles", "serve_one", "spec_payload"]
+           "param_names", "prestart", "raise_for_reply", "resolve_roles", "serve_one", "spec_payload", "start_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +127,7 @@ class _Case:
     guarded: list[int]
     pristine: dict[int, Any]
     refs: list[Any] | None = None  # the reference's outputs, made at the first check (re-timing needs none)
+    ref_latency: float | None = None  # the reference timed on these inputs, when it was timed on them
 
     def prepare(self, poison: bool) -> None:
         """Outputs poisoned (when checking), reset-to-zero arguments zeroed, restored ones restored."""
@@ -148,6 +154,8 @@ class Measurer(Protocol):
 
     def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
 
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None: ...
+
     def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None: ...
 
     def fetch_ref_latency(self, sid: int) -> float | None: ...
@@ -163,6 +171,23 @@ class Measurer(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class _Elaborated:
+    """A config's PrimFunc, standing in for its compiled kernel where only its parameters are needed
+    (:meth:`Bench.make_inputs`): ``params`` as TileLang gives a compiled kernel's (``KernelParam.from_buffer``
+    for each buffer, as ``tilelang.engine.lower`` makes them), ``prim_func`` for their names."""
+
+    prim_func: Any
+    params: list[Any]
+
+    @classmethod
+    def of(cls, func: Any) -> _Elaborated:
+        from tilelang.engine.param import KernelParam
+
+        return cls(func, [KernelParam.from_buffer(func.buffer_map[v]) if v in func.buffer_map
+                          else KernelParam.from_var(v) for v in func.params])
+
+
 class Bench:
     """Measure candidates in this process. ``stamps``: ``(wall time, what)`` of its one-off steps (a
     problem's inputs made, its reference run and timed), named with ``tag``, for a job's timeline."""
@@ -175,6 +200,23 @@ class Bench:
         self._kernels: dict[int, Any] = {}
         self._hashes: dict[int, str] = {}
         self.ref_latency: float | None = None
+        self._first: _Elaborated | None = None  # elaborate()'s config, for make_inputs()
+        self._loaded = False  # a candidate's kernel has been loaded (the timeline's "first kernel loaded")
+
+    def elaborate(self, config: dict[str, Any]) -> None:
+        """The first step of :meth:`make_inputs`, apart so that the caller can bound it as the user's kernel
+        factory is bounded everywhere (``compile_timeout``): elaborate ``config`` (no compile)."""
+        self._first = _Elaborated.of(elaborate_config(self.spec.kernel, config))
+        self.stamps.append((time.time(), f"first config elaborated{self.tag}"))
+
+    def make_inputs(self) -> None:
+        """Make the problem's inputs and the reference's outputs (and time the reference) for the config
+        :meth:`elaborate` elaborated, before its first candidate arrives: what the first check would make,
+        made the same way (same parameters, seed and calls), so that a candidate only loads its kernel.
+        A candidate whose parameters differ gets inputs of its own, as before."""
+        first, self._first = self._first, None
+        if first is not None:
+            self._refs(self._case(first), adopt=False)
 
     def _case(self, jit: Any) -> _Case:
         """Inputs and pristine copies per distinct parameter signature, made at first use and kept until
@@ -203,9 +245,11 @@ class Bench:
         self.stamps.append((time.time(), f"inputs made{self.tag}"))
         return self._cases[sig]
 
-    def _refs(self, case: _Case) -> list[Any] | None:
+    def _refs(self, case: _Case, adopt: bool = True) -> list[Any] | None:
         """The reference's outputs on ``case``'s inputs, computed once per case; the reference is timed
-        once per problem (``ref_latency``)."""
+        once per problem, on the first case whose outputs are made, and becomes the problem's
+        ``ref_latency`` when that case is first checked (``adopt``): one made ahead (:meth:`make_inputs`) and
+        never checked leaves it unset, as when no candidate was checked."""
         s, t = self.spec.check, self.spec.timing
         if case.refs is None and s.ref_prog is not None:
             ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
@@ -214,9 +258,11 @@ class Bench:
             self.stamps.append((time.time(), f"reference run{self.tag}"))
             if self.ref_latency is None:
                 ref = s.ref_prog
-                self.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device,
+                case.ref_latency = time_callable(lambda: ref(*ref_in), t.warmup, t.rep, self.spec.device,
                                                  mode=t.finalist_mode, sustain_s=t.sustain_s).median_ms
                 self.stamps.append((time.time(), f"reference timed{self.tag}"))
+        if adopt and self.ref_latency is None:
+            self.ref_latency = case.ref_latency
         return case.refs
 
     def check(self, jit: Any) -> tuple[str, str] | None:
@@ -258,7 +304,8 @@ class Bench:
             jit = build(s.kernel, cfg, s.target_spec, s.pass_configs)
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
             return Trial(cfg, Status.COMPILE_ERROR, "load after compile failed: " + format_error(e), compile_s)
-        if not self._cases:  # the first kernel: what its load costs, apart from the inputs (CUDA's start)
+        if not self._loaded:  # the first kernel: what its load costs, apart from the inputs
+            self._loaded = True
             self.stamps.append((time.time(), f"first kernel loaded{self.tag}"))
         failed = self.check(jit)
         if failed is not None:
@@ -304,6 +351,7 @@ class Bench:
     def release(self) -> None:
         """Free the inputs (and the reference's outputs); the loaded kernels stay for re-timing."""
         self._cases.clear()
+        self._first = None
 
     def close(self) -> None:
         self._kernels.clear()
@@ -355,6 +403,31 @@ class Benches:
     def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
         return self.bench(sid).measure(index, cfg, compile_s)
 
+    def elaborate(self, sid: int, config: dict[str, Any]) -> bool:
+        """:meth:`Bench.elaborate` ahead of spec ``sid``'s first candidate (:meth:`ahead` says how)."""
+        return self.ahead(sid, lambda b: b.elaborate(config))
+
+    def make_inputs(self, sid: int) -> bool:
+        """:meth:`Bench.make_inputs` ahead of spec ``sid``'s first candidate (:meth:`ahead` says how)."""
+        return self.ahead(sid, Bench.make_inputs)
+
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
+        """Nothing: in this process, inputs made before the first candidate arrives would delay the job
+        as much as inputs made when it arrives (a measuring process makes them while it waits:
+        :meth:`IsolatedBench.prepare`)."""
+
+    def ahead(self, sid: int, step: Callable[[Bench], Any]) -> bool:
+        """Run a step done ahead of a problem's first candidate; whether it succeeded. A step that fails
+        is nobody's result: what it made is dropped and the first candidate makes it again, so that the
+        problem fails (or not) as it would have without the step."""
+        try:
+            step(self.bench(sid))
+        except Exception as e:  # noqa: BLE001 - made again, and reported, by the first candidate
+            logger.debug("preparing problem %d ahead of its first candidate failed: %s", sid, format_error(e))
+            self.release(sid)
+            return False
+        return True
+
     def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing:
         return self.bench(sid).retime(index, cfg)
 
@@ -381,14 +454,44 @@ class Benches:
 # isolation
 
 
-def _serve(fd: int) -> None:
-    """Main of the measuring process (``python -c``): one request in, one reply out, over ``fd``."""
+def start_device(device: str) -> list[tuple[float, str]]:
+    """What a measuring side can do before it has a job, done at once: import torch and, on a GPU, create
+    the CUDA context and the L2 flush buffer (``"device ready"``), then import TileLang (``"tilelang
+    imported"``); the timeline's stamps. A failure is left for the first candidate to meet and report."""
+    import torch
+
+    if device == "cuda":
+        try:
+            torch.cuda.init()
+            l2_flush_buffer(device)  # its allocation creates the context
+        except Exception as e:  # noqa: BLE001 - met again, and reported, by the first candidate
+            logger.debug("starting the GPU ahead failed: %s", format_error(e))
+    stamps = [(time.time(), "device ready")]
+    import tilelang  # noqa: F401 - every candidate's load needs it
+
+    return stamps + [(time.time(), "tilelang imported")]
+
+
+def _serve(fd: int, device: str = "cpu") -> None:
+    """Main of the measuring process (``python -c``): its device started (:func:`start_device`) while it
+    waits for its job's specs (as a spare it quits if none come: :mod:`.spares`), then one request in,
+    one reply out, over ``fd``."""
     from multiprocessing.connection import Connection
 
     up = time.time()
     conn = Connection(fd)
-    benches = Benches(load_specs(*conn.recv()))
-    benches.stamps += [(up, "process up"), (time.time(), "imports done")]
+    job: list[Any] = []  # read at once, on a thread: a large payload would block the parent's send meanwhile
+    reader = threading.Thread(target=lambda: job.append(_receive_job(conn)), name="tilecarve-job", daemon=True)
+    reader.start()
+    stamps = [(up, "process up"), *start_device(device)]
+    reader.join()
+    if not job or job[0] is None:
+        return
+    payload, scratch = job[0]
+    if scratch is not None and os.path.isdir(scratch):  # spawned before the run's scratch directory existed
+        procs.use_tempdir(scratch)
+    benches = Benches(load_specs(*payload))
+    benches.stamps += [*stamps, (time.time(), "imports done")]
     conn.send(("ready", None))
     while True:
         try:
@@ -400,8 +503,17 @@ def _serve(fd: int) -> None:
         conn.send(serve_one(benches, msg))
 
 
+def _receive_job(conn: Any) -> tuple | None:
+    """The job's ``(spec payload, scratch directory)``; ``None`` if the parent is gone or, for a spare no job
+    took, none came in time."""
+    try:
+        return conn.recv() if conn.poll(spares.MAX_AGE_S + 60) else None
+    except (EOFError, OSError):
+        return None
+
+
 #: What a measuring process (or a Ray measuring actor) answers; anything else ends it.
-_REQUESTS = ("measure", "retime", "ref_latency", "release")
+_REQUESTS = ("measure", "retime", "ref_latency", "release", "elaborate", "make_inputs")
 
 
 def serve_one(benches: Benches, msg: tuple) -> tuple[str, Any]:
@@ -419,6 +531,10 @@ def serve_one(benches: Benches, msg: tuple) -> tuple[str, Any]:
             return "ok", benches.fetch_ref_latency(*args)
         if op == "release":
             return "ok", benches.release(*args)
+        if op == "elaborate":
+            return "ok", benches.elaborate(*args)
+        if op == "make_inputs":
+            return "ok", benches.make_inputs(*args)
         raise ValueError(f"unknown request {op!r} to the measuring process")
     except TuningInputError as e:
         return "input_error", (str(e), _portable(e.__cause__))
@@ -528,33 +644,86 @@ class ServedBench:
         return self._hashes.get((sid, index))
 
 
+@dataclass
+class _Process:
+    """A measuring process (:func:`_serve`) and this side of its pipe; :mod:`.spares` keeps it until a job
+    takes it."""
+
+    proc: subprocess.Popen
+    conn: Any
+    spawned: float  # wall time
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        """Kill it (a spare holds nothing worth a clean exit) and reap it on a thread."""
+        if self.alive():
+            self.proc.kill()
+        threading.Thread(target=_reap, args=(self.proc, self.conn), name="tilecarve-reap", daemon=True).start()
+
+
+def _spawn(env: dict[str, str], device: str) -> _Process:
+    """A measuring process for ``device`` (``"cuda"`` or ``"cpu"``) with ``env`` added to its environment.
+    A fresh interpreter rather than multiprocessing's spawn, which re-imports the user's ``__main__``
+    (re-running a script that lacks an ``if __name__ == "__main__"`` guard). It dies with the thread that
+    spawns it, even if this process is SIGKILLed (:func:`.procs.python_child_argv`)."""
+    parent, child = multiprocessing.Pipe()
+    full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
+    spawned = time.time()
+    proc = subprocess.Popen(
+        procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()}, {device!r})"),
+        pass_fds=[child.fileno()], env=full, stdin=subprocess.DEVNULL)
+    child.close()
+    return _Process(proc, parent, spawned)
+
+
+def _spare_kind(env: dict[str, str], device: str) -> tuple:
+    return ("process", tuple(sorted(env.items())), device)
+
+
+def prestart(envs: list[dict[str, str]], device: str) -> None:
+    """Start, now, the measuring processes that a job measuring on ``device`` with these environments
+    (one per device; ``{}`` for one unpinned process) will take (:mod:`.spares`), unless they are waiting
+    already: each imports torch and TileLang and starts its GPU while the job is planned. Call it from a
+    thread that outlives them (the plan's: the job's own thread)."""
+    for env, n in Counter(tuple(sorted(e.items())) for e in envs).items():
+        kind = _spare_kind(dict(env), device)
+        for _ in range(n - spares.count(kind)):
+            spares.keep(kind, _spawn(dict(env), device))
+
+
 class IsolatedBench(ServedBench):
     """A :class:`Benches` in a spawned process, restarted as soon as a candidate kills it or hangs (so the
     next one starts its imports while this device waits for its next candidate): one process for every spec
-    of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU).
+    of a job. ``env`` is added to its environment (``CUDA_VISIBLE_DEVICES`` pins it to one GPU). Its first
+    process is one the plan started (:func:`prestart`) when one is waiting, else spawned now.
     """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, env: dict[str, str] | None = None) -> None:
         super().__init__(specs, run_timeout)
         self._env = dict(env or {})
+        self._device = self.specs[0].device
         self._payload = spec_payload(self.specs)
         self._proc: Any = None
         self._conn: Any = None
+        self._owed: list[float] = []  # bounds (s) of the replies prepare's requests still owe, in order
         self._stopping = False  # set by abort(): a process killed then is not restarted
         self._start()
 
     def _start(self) -> None:
-        # A fresh interpreter rather than multiprocessing's spawn, which re-imports the user's
-        # __main__ (re-running a script that lacks an `if __name__ == "__main__"` guard).
-        parent, child = multiprocessing.Pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **self._env}
-        self._proc = subprocess.Popen(  # dies with this process, even if it is SIGKILLed
-            procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()})"),
-            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
-        child.close()
-        self._conn = parent
-        self._conn.send(self._payload)
+        """Take a waiting spare (or spawn a process) and send it the job's specs and scratch directory."""
+        while True:
+            p = spares.take(_spare_kind(self._env, self._device)) or _spawn(self._env, self._device)
+            try:
+                p.conn.send((self._payload, procs.current_scratch()))
+                break
+            except OSError:  # a spare that died just now: the next one, or a new process
+                p.close()
+        self._proc, self._conn = p.proc, p.conn
+        self._stamps.append((p.spawned, "process spawned"))
         self._ready = False
+        self._owed = []
 
     def _wait_ready(self) -> None:
         if not self._ready:
@@ -562,6 +731,40 @@ class IsolatedBench(ServedBench):
                 raise RuntimeError("the measuring process did not start within 600 s")
             self._conn.recv()  # ("ready", None)
             self._ready = True
+
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
+        """Have the process make problem ``sid``'s inputs and reference outputs for ``config`` while it
+        waits for its first candidate (:meth:`Bench.elaborate`, :meth:`Bench.make_inputs`); returns at
+        once. The next call first waits for them (:meth:`_settle`)."""
+        if self._proc is None or self._owed:
+            return
+        for msg, bound in ((("elaborate", sid, config), elaborate_timeout), (("make_inputs", sid), self.run_timeout)):
+            try:
+                self._conn.send(msg)
+            except OSError:  # it died: the next call finds out
+                return
+            self._owed.append(bound)
+
+    def _settle(self) -> None:
+        """Wait for the replies :meth:`prepare`'s requests owe, each within its bound (the elaboration as
+        the kernel factory is bounded everywhere, ``compile_timeout``; the inputs and the reference as a
+        candidate, ``run_timeout``). A process that does not answer in time (a factory that hangs for that
+        config) or dies meanwhile is replaced by a new one, and the call goes on there: no candidate pays."""
+        while self._owed:
+            try:
+                if self._conn.poll(self._owed[0]):
+                    self._conn.recv()
+                    self._owed.pop(0)
+                    continue
+                why = f"took more than {self._owed[0]:g} s"
+            except (EOFError, OSError):
+                why = "died"
+            logger.warning("the measuring process %s making its first problem's inputs ahead of its first "
+                           "candidate; it was restarted, and the candidate runs in the new one", why)
+            self._kill()
+            self._start()
+            self._wait_ready()
+            return
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -576,6 +779,7 @@ class IsolatedBench(ServedBench):
             self._start()
         try:
             self._wait_ready()
+            self._settle()
             self._conn.send(msg)
             if self._conn.poll(timeout):
                 return self._conn.recv()
@@ -601,8 +805,9 @@ class IsolatedBench(ServedBench):
             self._start()
 
     def _is_up(self) -> bool:
-        """Whether a process that has answered is running: one not yet called holds no problem's inputs."""
-        return self._proc is not None and self._ready
+        """Whether a process that may hold a problem's inputs is running: one that has answered, or been
+        asked to make them (:meth:`prepare`); one not yet called holds none."""
+        return self._proc is not None and (self._ready or bool(self._owed))
 
     def abort(self) -> None:
         """Kill the measuring process now, from any thread: a call waiting on it returns at once as

@@ -20,6 +20,7 @@ processes tuning at once each see a consistent database.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import inspect
 import json
@@ -30,6 +31,7 @@ import sqlite3
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,8 @@ from .errors import TuningCacheError
 from .trial import Status, Trial
 
 __all__ = ["EXPORT_FORMAT", "DamagedRow", "ImportReport", "RunInfo", "StoredRun", "TuningCacheWarning", "TuningDB",
-           "cache_dir", "check_exported_run", "function_fingerprint", "prim_hash", "tuning_key"]
+           "cache_dir", "check_exported_run", "db_file", "finished_under", "function_fingerprint", "key_from_parts",
+           "key_parts", "prekey", "prim_hash", "tuning_key"]
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _SCHEMA = """
@@ -111,12 +114,36 @@ def _stable(value: Any, seen: set[int], depth: int) -> Any:
     return _ADDR.sub("", repr(value))[:2000]
 
 
-def _source(fn: Any) -> str:
+#: ``inspect.getsource`` of plain functions, by function, with the stat of the file it was read from: a job
+#: of many problems of one template reads the same two dozen functions for each (0.09 s a plan).
+_SOURCES: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], types.CodeType, str]] = weakref.WeakKeyDictionary()
+
+
+def _file_stamp(fn: types.FunctionType) -> tuple[int, int] | None:
+    """``(mtime_ns, size)`` of the file ``fn`` was defined in, as ``linecache`` checks it; ``None`` if none."""
     try:
-        return inspect.getsource(fn)
+        st = os.stat(fn.__code__.co_filename)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _source(fn: Any) -> str:
+    """``inspect.getsource(fn)``, read again only when its file changed (as ``linecache`` does)."""
+    plain = isinstance(fn, types.FunctionType) and not hasattr(fn, "__wrapped__")
+    stamp = _file_stamp(fn) if plain else None
+    if stamp is not None:
+        hit = _SOURCES.get(fn)
+        if hit is not None and hit[0] == stamp and hit[1] is fn.__code__:
+            return hit[2]
+    try:
+        text = inspect.getsource(fn)
     except (OSError, TypeError):
         code = getattr(fn, "__code__", None)
         return code.co_code.hex() if code is not None else repr(fn)
+    if stamp is not None:
+        _SOURCES[fn] = (stamp, fn.__code__, text)
+    return text
 
 
 def _referenced_names(code: types.CodeType) -> set[str]:
@@ -168,6 +195,18 @@ def _versions() -> dict[str, str | None]:
             "tilecarve": __version__}
 
 
+def key_parts(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]],
+              settings: dict[str, Any]) -> dict[str, Any]:
+    """The parts of :func:`tuning_key` that need neither TVM nor TileLang (the kernel, its configs, the
+    settings): with the target as given, they name a problem before TileLang is imported (``prekey``)."""
+    return {"kernel": function_fingerprint(kernel, set(), 0),
+            "configs": [json.dumps(c, sort_keys=True) for c in configs], "settings": settings}
+
+
+def _sha(blob: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
 def tuning_key(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]], target_key: str,
                settings: dict[str, Any]) -> str:
     """SHA-256 over everything that changes which config wins and how fast it is, as far as it can be
@@ -177,14 +216,38 @@ def tuning_key(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]], ta
     winner's PrimFunc (:func:`prim_hash`), and a warm hit is served only when the winner, elaborated
     again, hashes the same (code the kernel reaches through a module attribute may have changed).
     """
-    blob = {
-        "kernel": function_fingerprint(kernel, set(), 0),
-        "configs": [json.dumps(c, sort_keys=True) for c in configs],
-        "target": target_key,
-        "versions": _versions(),
-        "settings": settings,
-    }
-    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+    return key_from_parts(key_parts(kernel, configs, settings), target_key)
+
+
+def key_from_parts(parts: dict[str, Any], target_key: str) -> str:
+    """:func:`tuning_key` from its :func:`key_parts` and the target's key."""
+    return _sha({**parts, "target": target_key, "versions": _versions()})
+
+
+def prekey(parts: dict[str, Any], target: str, devices: list[str]) -> str:
+    """A problem's name before TileLang is imported: :func:`key_parts`, the target as given (its spec)
+    and the devices' models. Stored with each run (``meta``) so that :func:`finished_under` can tell,
+    early, whether a plan is likely served from the database."""
+    return _sha({**parts, "target_spec": target, "devices": devices})
+
+
+def db_file(path: Path | str | None) -> Path:
+    """The tuning database file for ``path`` (``None``: the default one in :func:`cache_dir`)."""
+    return Path(path) if path is not None else cache_dir() / "tuning.sqlite"
+
+
+def finished_under(path: Path | str | None, pre: str) -> bool:
+    """Whether the database holds a finished run whose problem had :func:`prekey` ``pre`` (read only; a
+    file that is missing or cannot be read holds none). A hint, not a hit: the key decides."""
+    f = db_file(path)
+    if not f.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"{f.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)) as conn:
+            return conn.execute("SELECT 1 FROM runs WHERE finished IS NOT NULL AND best_config IS NOT NULL AND "
+                                "json_extract(meta, '$.prekey') = ? LIMIT 1", (pre,)).fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 def prim_hash(func: Any) -> str:
@@ -345,7 +408,7 @@ class TuningDB:
     """
 
     def __init__(self, path: Path | None = None) -> None:
-        self.path = Path(path) if path is not None else cache_dir() / "tuning.sqlite"
+        self.path = db_file(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:

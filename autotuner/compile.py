@@ -45,8 +45,8 @@ from .settings import resolve_out_idx
 from .trial import Status, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
-           "compile_task", "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache", "terminate_pool",
-           "tl_compile"]
+           "compile_task", "elaborate_config", "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache",
+           "terminate_pool", "tl_compile", "warm_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +94,17 @@ def cloudpickle_module() -> Any:
     return cloudpickle
 
 
+def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
+    """The PrimFunc ``kernel`` elaborates to for ``config`` (its own ``pass_configs`` left out)."""
+    return kernel(**split_config(config)[0])
+
+
 def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,
           pass_configs: dict[str, Any] | None = None) -> Any:
     """Elaborate ``kernel`` for ``config`` and compile it with :func:`tl_compile` (a disk-cache hit
     after the first time). A config's own ``pass_configs`` go to the compiler, not to the kernel."""
-    kwargs, own = split_config(config)
-    return tl_compile(kernel(**kwargs), target_spec, merge_pass_configs(pass_configs, own))
+    return tl_compile(elaborate_config(kernel, config), target_spec,
+                      merge_pass_configs(pass_configs, split_config(config)[1]))
 
 
 def _code_filenames(code: types.CodeType, out: set[str]) -> None:
@@ -297,6 +302,25 @@ def _pool_task(args: tuple) -> CompileOutcome:
     return compile_task(*args)
 
 
+def _worker_prologue(sources: dict[str, list[str]], parent_pid: int) -> None:
+    """What a worker does before its compiles: hide the GPU (a worker process never touches it), seed
+    the notebook sources, import TileLang once so that each forked compile child starts warm."""
+    if os.getpid() != parent_pid:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    seed_linecache(sources)
+    import tilelang  # noqa: F401
+
+
+def warm_worker(payload: bytes, sources: dict[str, list[str]], parent_pid: int) -> float:
+    """A task that readies a fresh worker (a Ray worker: :func:`.ray_cluster.warm_compile_workers`) for
+    compile tasks of ``payload``'s kernel, as its first compile task would: :func:`_worker_prologue`, then
+    the kernel unpickled, importing its module. Returns how long that took, in seconds."""
+    t0 = time.perf_counter()
+    _worker_prologue(sources, parent_pid)
+    cloudpickle_module().loads(payload)
+    return time.perf_counter() - t0
+
+
 def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                  config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
                  timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
@@ -308,11 +332,7 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
     import pickle
     import selectors
 
-    if os.getpid() != parent_pid:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # a worker process never touches the GPU
-    seed_linecache(sources)
-    import tilelang  # noqa: F401 - import once per worker so each forked child starts warm
-
+    _worker_prologue(sources, parent_pid)
     workdir = procs.make_compile_dir(scratch)
     me = os.getpid()
     t0 = time.perf_counter()

@@ -2,8 +2,9 @@
 
 One isolated measuring process per device (:class:`.bench.IsolatedBench`, pinned to its GPU with
 ``CUDA_VISIBLE_DEVICES``, holding every problem of the job), each owned by a thread that lives as long
-as the run: the measuring process dies with the thread that started it (``PR_SET_PDEATHSIG``), and its
-restarts after a crash or a hang happen in that thread too. Candidates go into one queue as they
+as the run: the measuring process dies with the thread that started it (``PR_SET_PDEATHSIG``; the
+plan's thread for the first one, which the plan starts: :mod:`.spares`), and its restarts after a crash
+or a hang happen in the device's thread. Candidates go into one queue as they
 finish compiling and the next free device takes the next one, so a faster device measures more (no
 fixed chunks). A crash or a hang costs one candidate on one device and restarts that device's
 process only.
@@ -176,7 +177,8 @@ class DevicePool:
     measures on the next free device. Each device's start and measure calls go on ``timeline``.
 
     Each device's measuring side is opened on its own thread, and the pool returns once every one is
-    started (a process spawned, an actor created; not yet imported): a process forked from this one
+    started (a process spawned, an actor created, or one the plan started taken: :mod:`.spares`; not
+    necessarily imported yet): a process forked from this one
     meanwhile (the job's compile pool) would inherit the pipe ``subprocess.Popen`` waits on until the
     measuring process runs, and hold it open for its life. Seen on the C target (2026-11-22): every
     device's ``Popen`` returned only when the compile pool ended, so no device began its imports before
@@ -287,6 +289,12 @@ class DevicePool:
                 fut.set_result(None)  # a lost device has nothing left to run
             self._cond.notify_all()
         return fut
+
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
+        """Have every device make problem ``sid``'s inputs for ``config`` while it waits for its first
+        candidate (:meth:`.bench.IsolatedBench.prepare`); returns at once."""
+        for w in list(self._alive):
+            self._on(w, lambda w: w.bench.prepare(sid, config, elaborate_timeout))
 
     def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
         """Time a candidate again on the first device (it loads the kernel, a disk-cache hit, when another

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from . import procs
+from . import procs, spares
 from .bench import Measurer, make_measurer
 from .cache import DamagedRow, TuningCacheWarning, TuningDB, prim_hash
 from .compile import CompileBatch, compile_many
@@ -104,10 +104,13 @@ def tune_all(plans: Iterable[Plan | AutoTuner], *, progress: bool | None = None,
             shared = tuple(getattr(p.run_settings, name) for name in _SHARED) + (p.target.kind,)
             groups.setdefault(shared, []).append(i)
     out: list[Any] = [None] * len(plans)
-    for slots in groups.values():
-        on = progress if progress is not None else any(plans[i].run_settings.progress for i in slots)
-        for i, r in zip(slots, _Job([plans[i] for i in slots], on, load_kernels).run()):
-            out[i] = r
+    try:
+        for slots in groups.values():
+            on = progress if progress is not None else any(plans[i].run_settings.progress for i in slots)
+            for i, r in zip(slots, _Job([plans[i] for i in slots], on, load_kernels).run()):
+                out[i] = r
+    finally:
+        spares.close_all()  # measuring sides the plans started for plans served from the database
     out = [out[first[p.key]] for p in plans]
     if errors == "raise":
         raise_errors([p.label for p in plans], out)
@@ -141,6 +144,8 @@ class _Job:
         start = time.time() - (self._last - min(p.t_start for p in plans))  # t=0: the first plan's start
         self.timeline = Timeline(start)
         self.timeline.mark("plan", at=start)
+        for p in plans:
+            self.timeline.stamps(p.label, p.stamps)
         self.timeline.mark("job start")
 
     def run(self) -> list[Any]:
@@ -198,6 +203,10 @@ class _Job:
             logger.info("tuning %d problems (%d candidates) in one job", len(runs), self.bar.total)
         try:
             todo = [r.resume_and_validate() for r in runs]
+            first = next(((r, t[0]) for r, t in zip(runs, todo) if t), None)
+            if first is not None:  # its inputs and reference made while the measuring side waits for candidates
+                r, i = first
+                bench.prepare(r.sid, r.plan.configs[i], r.plan.tuner.compile_settings.compile_timeout)
             self._mark("start")
             self._compile_and_measure(bench, todo)
             self._mark("compile and measure")
@@ -341,7 +350,7 @@ class _PlanRun:
         if db is not None:
             t = plan.spec.timing
             db.open_run(plan.key, plan.kernel_name, str(plan.target.spec), len(configs),
-                        {"warmup": t.warmup, "rep": t.rep, "n_jobs": plan.run_settings.n_jobs})
+                        {"warmup": t.warmup, "rep": t.rep, "n_jobs": plan.run_settings.n_jobs, "prekey": plan.prekey})
             try:
                 prior = db.trials(plan.key)
             except DamagedRow as e:

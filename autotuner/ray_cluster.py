@@ -34,16 +34,17 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from . import procs
-from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload
-from .compile import CompileOutcome, compile_task
+from . import procs, spares
+from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload, start_device
+from .compile import CompileOutcome, cloudpickle_module, compile_task, kernel_sources, warm_worker
 from .devices import Device, DeviceLost, device_name
 from .trial import Status
 
-__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "resolve_ray_devices",
-           "worker_runtime_env"]
+__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "prestart_actors",
+           "resolve_ray_devices", "warm_compile_workers", "worker_runtime_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,48 +117,156 @@ def resolve_ray_devices(devices: str | Sequence[int] | None, kind: str, model: s
 
 class MeasuringActor:
     """The body of one measuring actor: a :class:`.bench.Benches` on the actor's device, answering the
-    requests an isolated measuring process answers (:func:`.bench.serve_one`)."""
+    requests an isolated measuring process answers (:func:`.bench.serve_one`).
 
-    def __init__(self, payload: tuple) -> None:
+    It is created with its device only, possibly during the plan (:func:`prestart_actors`), and starts
+    that device at once (:func:`.bench.start_device`); the job's specs come with each call, as a reference
+    to Ray's object store that is read once (and again after Ray restarts the actor)."""
+
+    def __init__(self, device: str) -> None:
         # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile task's)
         # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
         up = time.time()
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
-        self.benches = Benches(load_specs(*payload))
-        self.benches.stamps += [(up, "process up"), (time.time(), "imports done")]  # a job's timeline
+        self.device = device
+        self._stamps = [(up, "process up"), *start_device(device)]  # a job's timeline
+        self.benches: Benches | None = None
+
+    def _benches(self, payload: list) -> Benches:
+        """The job's :class:`.bench.Benches`, made from ``payload[0]`` (an object reference) at the first call."""
+        if self.benches is None:
+            import ray
+
+            self.benches = Benches(load_specs(*ray.get(payload[0])))
+            self.benches.stamps += [*self._stamps, (time.time(), "imports done")]
+        return self.benches
 
     def info(self) -> dict[str, Any]:
         """Where this actor runs: its device's model, its node and Ray's GPU ids for it."""
         import ray
 
-        return {"name": device_name(self.benches.specs[0].device, 0), "node": ray.util.get_node_ip_address(),
+        return {"name": device_name(self.device, 0), "node": ray.util.get_node_ip_address(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
-    def call(self, msg: tuple) -> tuple[str, Any]:
-        return serve_one(self.benches, msg)
+    def load(self, payload: list) -> None:
+        """Unpickle the job's specs now (importing the kernels' modules), not at the first request."""
+        self._benches(payload)
+
+    def call(self, msg: tuple, payload: list) -> tuple[str, Any]:
+        return serve_one(self._benches(payload), msg)
+
+
+@dataclass
+class _SpareActor:
+    """A measuring actor created during the plan (:func:`prestart_actors`), waiting for its job."""
+
+    actor: Any
+    spawned: float
+
+    def alive(self) -> bool:
+        return True  # one that died is restarted by Ray; the job's first call finds out
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor, no_restart=True)
+
+
+def _new_actor(ray: Any, device: str) -> Any:
+    """A measuring actor for ``device`` (``"cuda"``: one GPU; ``"cpu"``: a fake device reserving nothing)."""
+    gpu = {"num_gpus": 1} if device == "cuda" else {}
+    return ray.remote(MeasuringActor).options(num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0,
+                                              runtime_env=worker_runtime_env(), name=None).remote(device)
+
+
+def prestart_actors(n: int, device: str) -> None:
+    """Create, now, the ``n`` measuring actors a job on ``device`` will take (:mod:`.spares`), unless they
+    are waiting already, so that their workers start and import while the job is planned."""
+    ray = connect()
+    for _ in range(n - spares.count(("ray", device))):
+        spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time()))
+
+
+#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them).
+_WARMING: list[Any] = []
+#: What the workers were readied for: (Ray job, the kernel's modules).
+_WARMED: set[tuple] = set()
+
+
+def warm_compile_workers(kernel: Any, n_jobs: int | None) -> None:
+    """Ready the Ray workers the compile tasks will run on, now: one task per compile slot (``n_jobs``, or
+    every CPU of the cluster) running :func:`.compile.warm_worker`, with the compile tasks' options, so
+    that each worker imports TileLang and the kernel's modules while the job is planned rather than in its
+    first compile task. Once per Ray session and kernel modules (the plans of a model's problems share
+    theirs). Returns at once."""
+    ray = connect()
+    fn = getattr(kernel, "func", kernel)  # functools.partial: a template's kernel
+    modules = {getattr(x, "__module__", None) for x in (fn, *getattr(kernel, "args", ())) if callable(x)}
+    what = (ray.get_runtime_context().get_job_id(), frozenset(m for m in modules if m))
+    if what in _WARMED:
+        return
+    _WARMED.add(what)
+    n = n_jobs if n_jobs not in (None, -1) else int(ray.cluster_resources().get("CPU", 1))
+    remote = ray.remote(warm_worker).options(num_cpus=1, runtime_env=worker_runtime_env())
+    payload = ray.put(cloudpickle_module().dumps(kernel))
+    _WARMING[:] = [remote.remote(payload, kernel_sources(kernel), os.getpid()) for _ in range(max(1, n))]
 
 
 class RayBench(ServedBench):
     """What :class:`.bench.IsolatedBench` does for one device, done by a Ray actor (:class:`MeasuringActor`).
 
-    The actor is created at once and awaited at the first call, so its start overlaps compilation.
-    After a death or a kill, the next call waits for Ray to restart it; one that is not back within
-    :data:`RESTART_TIMEOUT_S` (or is dead for good) raises :class:`.devices.DeviceLost`.
+    The actor is one the plan created (:func:`prestart_actors`) when one is waiting, else created now; it
+    is awaited at the first call, so its start overlaps compilation. After a death or a kill, the next
+    call waits for Ray to restart it; one that is not back within :data:`RESTART_TIMEOUT_S` (or is dead
+    for good) raises :class:`.devices.DeviceLost`.
     """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, device: Device) -> None:
         super().__init__(specs, run_timeout)
         self.ray = connect()
         self.device = device
-        gpu = {"num_gpus": 1} if self.specs[0].device == "cuda" else {}
-        actor = self.ray.remote(MeasuringActor).options(
-            num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0, runtime_env=worker_runtime_env(),
-            name=None)
-        self._payload = self.ray.put(spec_payload(self.specs))  # held here: a restart takes it again
-        self._actor = actor.remote(self._payload)
+        kind = self.specs[0].device
+        spare = spares.take(("ray", kind))
+        self._actor = spare.actor if spare is not None else _new_actor(self.ray, kind)
+        self._stamps.append((spare.spawned if spare is not None else time.time(), "process spawned"))
+        self._payload = [self.ray.put(spec_payload(self.specs))]  # held here: a restart reads it again
+        self._info = self._actor.info.remote()  # the first wait for the actor, ahead of what prepare queues
+        self._actor.load.remote(self._payload)
+        self._owed: list[tuple[Any, float]] = []  # prepare's calls and their bounds (s), in order
         self._wait: float | None = START_TIMEOUT_S  # seconds to wait for the actor at the next call; None: up
         self._started = False  # it has been up once
+
+    def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
+        """Have the actor make problem ``sid``'s inputs for ``config`` while it waits for its first candidate
+        (as :meth:`.bench.IsolatedBench.prepare`); returns at once."""
+        if not self._owed:
+            self._owed = [(self._actor.call.remote(("elaborate", sid, config), self._payload), elaborate_timeout),
+                          (self._actor.call.remote(("make_inputs", sid), self._payload), self.run_timeout)]
+
+    def _settle(self) -> None:
+        """Wait for :meth:`prepare`'s calls, each within its bound, once the actor is up; one that does not
+        end in time has the actor killed and restarted (no candidate pays), as
+        :meth:`.bench.IsolatedBench._settle` replaces its process."""
+        errors = self.ray.exceptions
+        while self._owed:
+            ref, bound = self._owed[0]
+            done, _ = self.ray.wait([ref], timeout=bound)
+            if not done:
+                logger.warning("the Ray measuring actor %s took more than %g s making its first problem's inputs "
+                               "ahead of its first candidate; it was restarted", self.device.label, bound)
+                self._owed = []
+                self.ray.kill(self._actor, no_restart=False)
+                self._wait = RESTART_TIMEOUT_S
+                self._up()
+                return
+            self._owed.pop(0)
+            try:
+                self.ray.get(ref)
+            except (errors.RayActorError, errors.ObjectLostError):  # it died: the wait below finds it back
+                self._owed = []
+                self._wait = RESTART_TIMEOUT_S
+                self._up()
 
     def _up(self) -> None:
         """Wait for the actor (its first start or a restart); check its device's model."""
@@ -166,6 +275,7 @@ class RayBench(ServedBench):
         errors = self.ray.exceptions
         deadline = time.monotonic() + self._wait
         died = 0
+        ref, self._info = self._info, None
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -173,13 +283,15 @@ class RayBench(ServedBench):
                 raise DeviceLost(f"its Ray actor was not up within {self._wait:g} s (its node lost, or no free "
                                  "GPU to restart it on)")
             try:
-                info = self.ray.get(self._actor.info.remote(), timeout=left)
+                info = self.ray.get(ref if ref is not None else self._actor.info.remote(), timeout=left)
                 break
             except errors.GetTimeoutError:
                 continue
             except errors.ActorUnavailableError:  # restarting: ask again
+                ref = None
                 time.sleep(min(1.0, left))
             except errors.ActorDiedError as e:
+                ref = None
                 if e.actor_init_failed and not self._started:  # the setup is wrong (e.g. the kernel's module
                     raise RuntimeError(f"the Ray measuring actor {self.device.label} could not start: {e}") \
                         from None  # cannot be imported on the workers): every device would fail alike
@@ -201,7 +313,8 @@ class RayBench(ServedBench):
         """``("ok", reply)``, ``("input_error", ...)``, ``("error", text)``, ``("died", why)`` or
         ``("timeout", why)``, as :meth:`.bench.IsolatedBench._call` answers."""
         self._up()
-        ref = self._actor.call.remote(msg)
+        self._settle()
+        ref = self._actor.call.remote(msg, self._payload)
         done, _ = self.ray.wait([ref], timeout=timeout)
         if not done:
             self.ray.kill(self._actor, no_restart=False)

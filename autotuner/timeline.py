@@ -11,13 +11,18 @@ stamps, :func:`.bench.serve_one`):
   served), ``compile and measure done``, ``job end``;
 * ``compile``: ``pool start`` (asked for), ``pool ready`` (workers made, where the backend says),
   ``first compiled``, ``last compiled`` (outcomes as the job received them);
-* a device: ``open``/``opened`` (its measuring process spawned or Ray actor created, from its thread),
-  then the measuring side's stamps: ``process up`` (interpreter or actor running), ``imports done``
-  (the job's kernels unpickled: TileLang and torch imported), ``first kernel loaded #sid`` (its first
-  candidate's kernel loaded, before CUDA has any buffer), ``inputs made #sid``,
-  ``reference run #sid``, ``reference timed #sid`` (at a problem's first candidate); ``first measured``
-  and ``last measured`` (when its first and its last candidate were done);
-* a plan: ``finalists start``, ``finalists end``, ``winner loaded``.
+* a device: ``process spawned`` (its measuring process or Ray actor started: during the plan when the
+  plan started it, :mod:`.spares`), ``open``/``opened`` (the job took or started it, from its thread),
+  then the measuring side's stamps: ``process up`` (interpreter or actor running), ``device ready``
+  (torch imported; on a GPU, the CUDA context and the L2 flush buffer made), ``tilelang imported``,
+  ``imports done`` (the job's specs received and its kernels' modules imported), ``first config
+  elaborated #sid``, ``inputs made #sid``, ``reference run #sid``, ``reference timed #sid`` (a problem's
+  inputs: made ahead of its first candidate for the job's first problem, at its first candidate for the
+  others), ``first kernel loaded #sid`` (its first candidate's kernel loaded); ``first measured`` and
+  ``last measured`` (when its first and its last candidate were done);
+* a plan (its label): ``devices found``, ``measuring started`` (when it started the measuring side),
+  ``key hashed`` (TileLang imported in this process), then ``finalists start``, ``finalists end``,
+  ``winner loaded``.
 
 Per device (:meth:`Timeline.devices`), ``busy_s`` sums its measure calls once it is up (as the job saw
 them, round trip included) and ``idle_s`` the time it was up and not measuring, before its last

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["METHOD", "Timing", "time_callable"]
+__all__ = ["METHOD", "Timing", "l2_flush_buffer", "time_callable"]
 
 #: Part of the cache key: a change of timing method must not reuse old latencies.
 METHOD = "v2:cuda-events+l2-flush+median|cpu-perf_counter+median|finalists-interleaved-rounds"
@@ -98,9 +98,7 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
         q = do_bench(fn, _n_warmup=1, _n_repeat=rep, backend="cudagraph", quantiles=[0.0, 0.25, 0.5, 0.75])
         return Timing(q[2], q[0], q[3] - q[1], rep)
 
-    global _flush_buf
-    if _flush_buf is None or _flush_buf.device != torch.device(device):
-        _flush_buf = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    flush_buf = l2_flush_buffer(device)
     for _ in range(warmup):
         call()
     if mode == "sustained":
@@ -113,14 +111,29 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
             prepare()
         if mode == "burst":
             if flush == "write":
-                _flush_buf.zero_()
+                flush_buf.zero_()
             else:
-                _flush_buf.max()
+                flush_buf.max()
         starts[i].record()
         fn()
         ends[i].record()
     torch.cuda.synchronize()
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def l2_flush_buffer(device: str) -> Any:
+    """The buffer larger than L2 that burst timing writes (or reads) before each call on ``device``,
+    allocated at its first use in this process and kept: a measuring process makes it while it waits
+    for its first candidate (:func:`.bench.start_device`)."""
+    import torch
+
+    global _flush_buf
+    want = torch.device(device)
+    if want.type == "cuda" and want.index is None:  # "cuda" is the current GPU; the buffer's device names it
+        want = torch.device("cuda", torch.cuda.current_device())
+    if _flush_buf is None or _flush_buf.device != want:
+        _flush_buf = torch.empty(_L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+    return _flush_buf
 
 
 def _heat(call: Callable[[], Any], seconds: float) -> None:

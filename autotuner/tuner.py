@@ -32,8 +32,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .bench import Bench, BenchSpec, param_names, resolve_roles
-from .cache import DamagedRow, StoredRun, TuningCacheWarning, TuningDB, function_fingerprint, prim_hash, tuning_key
+from .bench import Bench, BenchSpec, param_names, prestart, resolve_roles
+from .cache import (
+    DamagedRow,
+    StoredRun,
+    TuningCacheWarning,
+    TuningDB,
+    finished_under,
+    function_fingerprint,
+    key_from_parts,
+    key_parts,
+    prekey,
+    prim_hash,
+    tuning_key,
+)
 from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
 from .compile import tl_compile
@@ -401,7 +413,11 @@ class AutoTuner:
              label: str = "", **tilelang_options: Any) -> Plan:
         """Everything :meth:`run` does before it tunes: settings checked, the target resolved (it must run
         here), the devices found, the database key computed. ``label`` names the problem in a job's
-        progress bar and logs. :func:`autotuner.tune_all` takes a list of plans."""
+        progress bar and logs. :func:`autotuner.tune_all` takes a list of plans.
+
+        Unless the database holds a finished run of this problem, the plan also starts the measuring
+        processes (Ray: actors) its job will use, before the key's slow step (importing TileLang), so that
+        their own start overlaps it (:mod:`.spares`); ``tune_all`` closes those no job took."""
         _tilelang_run_options(tilelang_options)
         self._use_captured_inputs()
         if timeout is not None:
@@ -430,14 +446,36 @@ class AutoTuner:
             devices = resolve_devices(rs.devices, target.kind, rs.allow_mixed_devices)
         else:
             devices = None
-        target_key = target.key()
+        stamps = [(time.time(), "devices found")]
         names = sorted({d.name for d in devices or []})
+        parts = key_parts(self.fn, self.configs, self._key_settings())
+        pre = prekey(parts, str(target.spec), names)
+        # likely tuned, not served from the database: start the measuring side now
+        if not (rs.cache and finished_under(rs.db_path, pre)) and self._start_measuring(target, devices):
+            stamps.append((time.time(), "measuring started"))
+        target_key = target.key()  # imports TileLang in this process, the plan's longest step
         if target.kind == "cuda" and names and names != [target.device_name]:
             target_key += "|measured_on=" + ",".join(names)  # other models than the one the target names
-        key = tuning_key(self.fn, self.configs, target_key, self._key_settings())
+        key = key_from_parts(parts, target_key)
+        stamps.append((time.time(), "key hashed"))
         spec = BenchSpec(self.fn, target.spec, target.device, self.compile_settings.pass_config_dict, c,
                          self.timing_settings)
-        return Plan(self, target, key, spec, devices, t_start, label or kernel_name(self.fn))
+        return Plan(self, target, key, spec, devices, t_start, label or kernel_name(self.fn), pre, stamps)
+
+    def _start_measuring(self, target: ResolvedTarget, devices: list[Device] | None) -> bool:
+        """Start the measuring side the job will take (:mod:`.spares`), so that its imports and its GPU's
+        start overlap the rest of the plan; on Ray, also have the compile workers import TileLang and the
+        kernel. Before the job forks its compile pool, as every measuring process must be. Whether there
+        is one to start (measuring in this process, ``isolate=False``, there is none)."""
+        rs = self.run_settings
+        if rs.backend == "ray":
+            from .ray_cluster import prestart_actors, warm_compile_workers
+
+            prestart_actors(len(devices or []), target.device)
+            warm_compile_workers(self.fn, rs.n_jobs)
+        elif rs.isolate:
+            prestart([d.env for d in devices] if devices else [{}], target.device)
+        return rs.backend == "ray" or rs.isolate
 
     def cache_key(self, warmup: int, rep: int) -> str:
         """The database key that :meth:`run` ``(warmup, rep)`` tunes under, computed without compiling or
@@ -567,6 +605,8 @@ class Plan:
     devices: list[Device] | None
     t_start: float
     label: str = ""
+    prekey: str = ""  # stored with the run: a later plan of the same problem starts no measuring side early
+    stamps: list[tuple[float, str]] = field(default_factory=list)  # (wall time, what) of the plan's steps
 
     @property
     def configs(self) -> list[dict[str, Any]]:

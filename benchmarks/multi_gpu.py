@@ -98,7 +98,8 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: The timeline events the log line shows (every event is in the JSON).
-KEY_EVENTS = ("job start", "opened", "process up", "imports done", "reference timed #0", "pool ready",
+KEY_EVENTS = ("key hashed", "job start", "process spawned", "opened", "process up", "device ready", "tilelang imported",
+              "imports done", "inputs made #0", "reference timed #0", "first kernel loaded #0", "pool ready",
               "first compiled", "last compiled", "first measured", "last measured", "finalists start", "job end")
 
 

@@ -125,8 +125,10 @@ def test_the_timeline_has_each_devices_start_and_candidates(crash_run):
         assert_before(tl, ("tune start", "job"), ("open", label), ("opened", label), ("first measured", label),
                       ("last measured", label), ("compile and measure done", "job"), ("job end", "job"))
         if label not in failing:  # a process that crashed or was killed took its stamps with it
-            assert_before(tl, ("opened", label), ("process up", label), ("imports done", label),
+            assert_before(tl, ("process spawned", label), ("job start", "job"), ("opened", label),
+                          ("imports done", label), ("inputs made #0", label), ("first kernel loaded #0", label),
                           ("first measured", label))
+            assert_before(tl, ("process spawned", label), ("process up", label), ("imports done", label))
         assert order_of(tl, label).count("process up") <= per_device[label].count("start"), (label, tl.line())
     use = tl.devices()
     assert set(use) == LABELS and sum(d["measured"] for d in use.values()) == len(CONFIGS), use

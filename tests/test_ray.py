@@ -130,10 +130,18 @@ def test_the_timeline_has_each_actors_start_and_candidates(ray_run):
         assert_before(tl, ("opened", label), ("first measured", label), ("last measured", label),
                       ("compile and measure done", "job"))
         if label != result.trials[0].device:  # not the crashed actor, whose stamps died with it
-            assert_before(tl, ("process up", label), ("imports done", label), ("first measured", label))
+            assert_before(tl, ("process spawned", label), ("job start", "job"), ("opened", label),
+                          ("imports done", label), ("first measured", label))
+            assert_before(tl, ("process up", label), ("device ready", label), ("imports done", label))
     assert_before(tl, ("pool start", "compile"), ("pool ready", "compile"), ("first compiled", "compile"),
                   ("last compiled", "compile"))
     assert sum(d["measured"] for d in tl.devices().values()) == len(CONFIGS), tl.devices()
+
+
+@needs_ray
+def test_the_plan_readied_a_compile_worker_per_cpu(ray_run, local_ray):
+    assert len(ray_cluster._WARMING) == 2  # the module's Ray has 2 CPUs
+    assert all(s >= 0 for s in local_ray.get(ray_cluster._WARMING, timeout=60))  # each imported TileLang
 
 
 @needs_ray
