@@ -714,11 +714,21 @@ class IsolatedBench(ServedBench):
     def _start(self) -> None:
         """Take a waiting spare (or spawn a process) and send it the job's specs and scratch directory."""
         while True:
-            p = spares.take(_spare_kind(self._env, self._device)) or _spawn(self._env, self._device)
+            spare = spares.take(_spare_kind(self._env, self._device))
+            p = spare or _spawn(self._env, self._device)
             try:
                 p.conn.send((self._payload, procs.current_scratch()))
                 break
-            except OSError:  # a spare that died just now: the next one, or a new process
+            except OSError as e:  # a spare that died just now: the next one, or a new process
+                if spare is None:  # one spawned just now: it will die again, so say so rather than loop
+                    try:
+                        code = p.proc.wait(5)
+                    except subprocess.TimeoutExpired:
+                        code = None
+                    p.close()
+                    raise RuntimeError(f"the measuring process exited as it started (exit code {code}); "
+                                       "run `python3 -c 'import autotuner.bench'` with the same PYTHONPATH to "
+                                       "see why") from e
                 p.close()
         self._proc, self._conn = p.proc, p.conn
         self._stamps.append((p.spawned, "process spawned"))

@@ -465,17 +465,22 @@ class AutoTuner:
     def _start_measuring(self, target: ResolvedTarget, devices: list[Device] | None) -> bool:
         """Start the measuring side the job will take (:mod:`.spares`), so that its imports and its GPU's
         start overlap the rest of the plan; on Ray, also have the compile workers import TileLang and the
-        kernel. Before the job forks its compile pool, as every measuring process must be. Whether there
-        is one to start (measuring in this process, ``isolate=False``, there is none)."""
+        kernel. Before the job forks its compile pool, as every measuring process must be. Whether one was
+        started (none when measuring in this process, ``isolate=False``, or when planning outside the main
+        thread)."""
         rs = self.run_settings
         if rs.backend == "ray":
             from .ray_cluster import prestart_actors, warm_compile_workers
 
             prestart_actors(len(devices or []), target.device)
             warm_compile_workers(self.fn, rs.n_jobs)
-        elif rs.isolate:
+            return True
+        if rs.isolate and threading.current_thread() is threading.main_thread():
+            # a process dies with the thread that spawned it (PR_SET_PDEATHSIG): a plan made in a thread
+            # that may end before the job does leaves the job to spawn its own
             prestart([d.env for d in devices] if devices else [{}], target.device)
-        return rs.backend == "ray" or rs.isolate
+            return True
+        return False
 
     def cache_key(self, warmup: int, rep: int) -> str:
         """The database key that :meth:`run` ``(warmup, rep)`` tunes under, computed without compiling or

@@ -117,6 +117,22 @@ def test_the_plans_start_one_measuring_process_the_job_takes_and_a_stored_proble
     assert served.from_cache and served.config == first.config and no_measuring_children()
 
 
+def test_a_plan_made_in_a_thread_that_ends_starts_no_process_the_job_could_lose():
+    """A measuring process dies with the thread that spawned it (PR_SET_PDEATHSIG): planned in a thread
+    that ends before the job, it would die mid-job and fail a good candidate (seen in review,
+    2026-11-22). Such a plan starts none, and the job spawns its own."""
+    import threading
+
+    assert no_measuring_children()
+    made = []
+    t = threading.Thread(target=lambda: made.append(tuner(cache=False).plan(1, 3)))
+    t.start()
+    t.join()
+    assert "measuring started" not in [what for _, what in made[0].stamps] and not _measuring_children()
+    (result,) = tune_all(made)
+    assert [str(t.status) for t in result.trials] == ["ok"] * len(CONFIGS) and no_measuring_children()
+
+
 class _FakeSpare:
     def __init__(self, age: float, alive: bool = True) -> None:
         self.spawned, self._alive, self.closed = time.time() - age, alive, False

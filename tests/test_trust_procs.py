@@ -511,3 +511,26 @@ def test_a_tuning_run_that_compiles_in_the_parent_leaves_no_temporary_file(tmp_p
                        capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
     assert p.returncode == 0 and "DONE" in p.stdout, p.stderr[-3000:]
     assert os.listdir(fresh) == []
+
+
+def test_a_measuring_process_that_dies_as_it_starts_is_an_error_not_a_loop(monkeypatch):
+    """A fresh measuring process that exits before reading its job (a broken environment) used to be
+    respawned forever when the job was larger than the pipe holds (found in review, 2026-11-22)."""
+    import autotuner.bench as bench_mod
+
+    spawned = []
+
+    def argv(code):
+        spawned.append(code)
+        if len(spawned) > 5:
+            pytest.fail("respawned a measuring process that cannot start")
+        return [sys.executable, "-c", "import sys; sys.exit(1)"]
+
+    class Spec:
+        device = "cpu"
+
+    monkeypatch.setattr(bench_mod.procs, "python_child_argv", argv)
+    monkeypatch.setattr(bench_mod, "spec_payload", lambda specs: (b"x" * 5_000_000, [], {}))
+    with pytest.raises(RuntimeError, match=r"the measuring process exited as it started \(exit code 1\)"):
+        bench_mod.IsolatedBench([Spec()], 10.0)
+    assert len(spawned) == 1
