@@ -13,8 +13,9 @@ stamps, :func:`.bench.serve_one`):
   ``first compiled``, ``last compiled`` (outcomes as the job received them);
 * a device: ``process spawned`` (its measuring process or Ray actor started: during the plan when the
   plan started it, :mod:`.spares`), ``open``/``opened`` (the job took or started it, from its thread),
-  then the measuring side's stamps: ``process up`` (interpreter or actor running), ``device ready``
-  (torch imported; on a GPU, the CUDA context and the L2 flush buffer made), ``tilelang imported``,
+  then the measuring side's stamps: ``process up`` (interpreter or actor running), ``torch imported``, on
+  a GPU ``context created`` (by the driver API, on a thread, while torch imports), ``device ready`` (on a
+  GPU, torch's CUDA start and the L2 flush buffer made), ``tilelang imported``,
   ``imports done`` (the job's specs received and its kernels' modules imported), ``first config
   elaborated #sid``, ``inputs made #sid``, ``reference run #sid``, ``reference timed #sid`` (a problem's
   inputs: made ahead of its first candidate for the job's first problem, at its first candidate for the

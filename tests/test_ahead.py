@@ -154,3 +154,43 @@ def test_a_spare_too_old_or_dead_is_closed_not_taken():
         assert old.closed and dead.closed and not fresh.closed
     finally:
         spares.close_all()
+
+
+def test_a_gpu_measuring_side_without_a_driver_starts_all_the_same(monkeypatch):
+    """The context thread (bench._create_context) finds no libcuda here: it stamps nothing and raises
+    nothing, and the rest of the start (imports, torch's own CUDA start, which fails quietly) goes on; the
+    first candidate meets and reports the missing GPU."""
+    import ctypes
+
+    from autotuner import bench
+
+    def no_driver(name, *args, **kwargs):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_driver)
+    monkeypatch.setattr(torch.cuda, "init", lambda: (_ for _ in ()).throw(RuntimeError("no NVIDIA driver")))
+    made: list[float] = []
+    bench._create_context(made)
+    assert made == []
+    stamps = bench.start_device("cuda")
+    assert [what for _, what in stamps] == ["torch imported", "device ready", "tilelang imported"]
+
+
+@pytest.mark.gpu
+def test_the_context_made_ahead_is_the_one_torch_then_uses():
+    """The driver-API context of the measuring process's start is device 0's primary context, which torch
+    makes current: one context per process, not two (run in a fresh process)."""
+    import subprocess
+
+    code = ("import ctypes, torch\n"
+            "from autotuner.bench import _create_context\n"
+            "made = []; _create_context(made); assert made, 'no context'\n"
+            "torch.empty(1, device='cuda')\n"
+            "cuda = ctypes.CDLL('libcuda.so.1')\n"
+            "cur, prim, dev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_int()\n"
+            "assert cuda.cuCtxGetCurrent(ctypes.byref(cur)) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0\n"
+            "assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(prim), dev) == 0\n"
+            "assert cur.value == prim.value, (cur.value, prim.value)\n"
+            "print('same context')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "same context" in p.stdout, p.stderr[-2000:]

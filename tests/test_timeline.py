@@ -62,8 +62,8 @@ def test_a_job_has_one_timeline_from_the_plan_to_its_end(job_results):
                   ("first measured", MEASURER), ("last measured", MEASURER),
                   ("compile and measure done", "job"), ("finalists start", "add16"), ("finalists end", "add16"),
                   ("winner loaded", "add16"), ("finalists start", "add32"), ("job end", "job"))
-    assert_before(tl, ("process spawned", MEASURER), ("process up", MEASURER), ("device ready", MEASURER),
-                  ("tilelang imported", MEASURER), ("imports done", MEASURER))
+    assert_before(tl, ("process spawned", MEASURER), ("process up", MEASURER), ("torch imported", MEASURER),
+                  ("device ready", MEASURER), ("tilelang imported", MEASURER), ("imports done", MEASURER))
     assert_before(tl, ("devices found", "add16"), ("measuring started", "add16"), ("key hashed", "add16"),
                   ("job start", "job"))
     assert order_of(tl, MEASURER).count("inputs made #0") == 1  # the first candidate used those made ahead
