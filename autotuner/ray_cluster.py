@@ -3,7 +3,8 @@
 * **Which cluster.** The Ray instance this process is already connected to (the user called
   ``ray.init``), else the cluster ``RAY_ADDRESS`` names, else a local instance started here, without
   the dashboard; it stays up for later runs of this process (``ray.shutdown()`` ends it).
-* **Compiling.** One Ray task per config (``num_cpus=1``; ``n_jobs`` bounds how many run at once),
+* **Compiling.** One Ray task per config (``num_cpus=1``; ``n_jobs`` bounds how many run at once, and
+  at first only a few per GPU run, on the workers the plan readied: :func:`compile_slots`),
   running the very :func:`.compile.compile_task` a local worker runs: a killable child per compile,
   with its timeout. The kernel travels as it does to joblib workers (cloudpickle, with the globals it
   needs and a notebook kernel's source), once per run through Ray's object store. Outcomes come back
@@ -43,7 +44,7 @@ from .compile import CompileOutcome, cloudpickle_module, compile_task, kernel_so
 from .devices import Device, DeviceLost, device_name
 from .trial import Status
 
-__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "prestart_actors",
+__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "compile_slots", "connect", "prestart_actors",
            "resolve_ray_devices", "warm_compile_workers", "worker_runtime_env"]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,15 @@ RESTART_TIMEOUT_S = 180.0
 DEAD_CALLS = 5
 #: How often Ray retries a compile task whose worker or node died.
 COMPILE_RETRIES = 2
+#: Compile slots a run opens first: this many per GPU of the cluster, and at least :data:`MIN_FIRST_SLOTS`.
+#: From TileLang's disk cache a compile takes 0.1-0.3 s, so a few workers per GPU keep its measuring actor
+#: fed, and every extra worker would only import TileLang (3-13 s each, the more at once the slower: on a
+#: 32-core host, 54 workers importing at once held the first compile back to 12.9 s) while the actors
+#: import theirs. Every slot of ``n_jobs`` opens once a compile takes :data:`REAL_COMPILE_S` or more.
+FIRST_SLOTS_PER_GPU = 4
+MIN_FIRST_SLOTS = 8
+#: A compile (as its task measured it) this long or longer was not a disk-cache hit: open every slot.
+REAL_COMPILE_S = 1.0
 
 
 def connect() -> Any:
@@ -84,11 +94,46 @@ def connect() -> Any:
 def worker_runtime_env() -> dict[str, Any]:
     """What the run's Ray workers take from this process: its import path (the user's kernels, an
     uninstalled checkout) and TileLang's kernel cache directory, when one is set."""
-    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-    env = {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+    env = {"PYTHONPATH": os.pathsep.join(_import_path()[0])}
     if os.environ.get("TILELANG_CACHE_DIR"):
         env["TILELANG_CACHE_DIR"] = os.environ["TILELANG_CACHE_DIR"]
     return {"env_vars": env}
+
+
+def _import_path() -> tuple[list[str], str | None]:
+    """This process's import path, made absolute, and its TileLang cache directory setting. Also what
+    :func:`run_options` asks a worker of the cluster for."""
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    return list(dict.fromkeys(paths)), os.environ.get("TILELANG_CACHE_DIR")
+
+
+#: Seconds :func:`run_options` waits for an idle worker's import path before it passes the runtime env anyway.
+PROBE_TIMEOUT_S = 1.0
+#: Per Ray job: whether its workers need :func:`worker_runtime_env` (see :func:`run_options`).
+_NEEDS_ENV: dict[str, bool] = {}
+
+
+def run_options(ray: Any) -> dict[str, Any]:
+    """The ``runtime_env`` option of a run's tasks and actors: :func:`worker_runtime_env`, or nothing when
+    the cluster is this one node and a worker started as Ray starts them already imports from every path
+    this process does, with the same TileLang cache directory (Ray started from this environment, as a
+    local instance is). Then Ray's idle workers, started with the cluster, run the actors and compile tasks
+    at once, where a worker made for a runtime env starts in 2 s (and more when many start together).
+    Asked once per Ray job, of an idle worker, within :data:`PROBE_TIMEOUT_S`."""
+    job = ray.get_runtime_context().get_job_id()
+    if job not in _NEEDS_ENV:
+        needs = True
+        try:
+            if len([n for n in ray.nodes() if n.get("Alive")]) == 1:
+                paths, cache_dir = ray.get(ray.remote(_import_path).options(num_cpus=0).remote(),
+                                           timeout=PROBE_TIMEOUT_S)
+                mine, my_cache = _import_path()
+                needs = not (set(mine) <= set(paths) and cache_dir == my_cache)
+        except Exception as e:  # noqa: BLE001 - no idle worker in time, or one that cannot import this module
+            logger.debug("asking a Ray worker for its import path failed (%s): passing the runtime env", _headline(e))
+        _NEEDS_ENV[job] = needs
+        logger.debug("Ray workers %s the run's runtime env", "need" if needs else "do not need")
+    return {"runtime_env": worker_runtime_env()} if _NEEDS_ENV[job] else {}
 
 
 def resolve_ray_devices(devices: str | Sequence[int] | None, kind: str, model: str | None,
@@ -177,7 +222,7 @@ def _new_actor(ray: Any, device: str) -> Any:
     """A measuring actor for ``device`` (``"cuda"``: one GPU; ``"cpu"``: a fake device reserving nothing)."""
     gpu = {"num_gpus": 1} if device == "cuda" else {}
     return ray.remote(MeasuringActor).options(num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0,
-                                              runtime_env=worker_runtime_env(), name=None).remote(device)
+                                              **run_options(ray), name=None).remote(device)
 
 
 def prestart_actors(n: int, device: str) -> None:
@@ -188,18 +233,42 @@ def prestart_actors(n: int, device: str) -> None:
         spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time()))
 
 
-#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them).
+#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them) and their Ray job.
 _WARMING: list[Any] = []
+_WARMING_JOB: list[str] = []
+#: Seconds a run's compiles wait for the warm-ups before they take any worker Ray gives them.
+WARM_WAIT_S = 60.0
 #: What the workers were readied for: (Ray job, the kernel's modules).
 _WARMED: set[tuple] = set()
 
 
+def compile_slots(ray: Any, n_jobs: int | None, n_tasks: int | None = None) -> tuple[int, int]:
+    """``(first, every)``: the compile tasks a run keeps in flight at first, and once a real compile is seen
+    (:data:`FIRST_SLOTS_PER_GPU`). ``every`` is ``n_jobs``, or (``None``, -1) as many as the cluster has CPUs,
+    at most ``n_tasks``."""
+    have = ray.cluster_resources()
+    every = n_jobs if n_jobs not in (None, -1) else int(have.get("CPU", 1))
+    every = max(1, min(every, n_tasks) if n_tasks else every)
+    return min(every, max(MIN_FIRST_SLOTS, FIRST_SLOTS_PER_GPU * int(have.get("GPU", 0)))), every
+
+
+def _ray_compile(kind: str, *args: Any) -> Any:
+    """The one remote function of a run's compile side: ``"warm"`` runs :func:`.compile.warm_worker`, else
+    :func:`.compile.compile_task`. One function, so one Ray scheduling class: the workers leased for the
+    warm-ups are the ones the compiles queue on, not new workers started beside them."""
+    return warm_worker(*args) if kind == "warm" else compile_task(*args)
+
+
+def _compile_remote(ray: Any) -> Any:
+    return ray.remote(_ray_compile).options(num_cpus=1, max_retries=COMPILE_RETRIES, **run_options(ray))
+
+
 def warm_compile_workers(kernel: Any, n_jobs: int | None) -> None:
-    """Ready the Ray workers the compile tasks will run on, now: one task per compile slot (``n_jobs``, or
-    every CPU of the cluster) running :func:`.compile.warm_worker`, with the compile tasks' options, so
-    that each worker imports TileLang and the kernel's modules while the job is planned rather than in its
-    first compile task. Once per Ray session and kernel modules (the plans of a model's problems share
-    theirs). Returns at once."""
+    """Ready the Ray workers the compile tasks will run on first, now: one task per first compile slot
+    (:func:`compile_slots`) running :func:`.compile.warm_worker` through the compile tasks' own remote
+    function (:func:`_ray_compile`), so that each worker imports TileLang and the kernel's modules while
+    the job is planned rather than in its first compile task. Once per Ray session and kernel modules (the
+    plans of a model's problems share theirs). Returns at once."""
     ray = connect()
     fn = getattr(kernel, "func", kernel)  # functools.partial: a template's kernel
     modules = {getattr(x, "__module__", None) for x in (fn, *getattr(kernel, "args", ())) if callable(x)}
@@ -207,10 +276,11 @@ def warm_compile_workers(kernel: Any, n_jobs: int | None) -> None:
     if what in _WARMED:
         return
     _WARMED.add(what)
-    n = n_jobs if n_jobs not in (None, -1) else int(ray.cluster_resources().get("CPU", 1))
-    remote = ray.remote(warm_worker).options(num_cpus=1, runtime_env=worker_runtime_env())
+    first, _ = compile_slots(ray, n_jobs)
+    remote = _compile_remote(ray)
     payload = ray.put(cloudpickle_module().dumps(kernel))
-    _WARMING[:] = [remote.remote(payload, kernel_sources(kernel), os.getpid()) for _ in range(max(1, n))]
+    _WARMING[:] = [remote.remote("warm", payload, kernel_sources(kernel), os.getpid()) for _ in range(first)]
+    _WARMING_JOB[:] = [what[0]]
 
 
 class RayBench(ServedBench):
@@ -345,27 +415,43 @@ def _headline(e: BaseException) -> str:
 
 def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOutcome]:
     """Run :func:`.compile.compile_task` on Ray for each argument tuple of ``tasks``; yield outcomes as
-    they finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs).
-    Stopping early (``close()``, an exception in the consumer) cancels the rest, killing running ones."""
+    they finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs), and at
+    first only as many as the warm-ups readied (:func:`compile_slots`), each queued once a warm-up has
+    ended, so that it runs on that worker (within :data:`WARM_WAIT_S`): the rest open once a compile is a
+    real one rather than a disk-cache hit. Stopping early (``close()``, an exception in the consumer)
+    cancels the rest, killing running ones."""
     ray = connect()
     lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
             ray.exceptions.OutOfMemoryError)
-    remote = ray.remote(compile_task).options(num_cpus=1, max_retries=COMPILE_RETRIES,
-                                              runtime_env=worker_runtime_env())
+    remote = _compile_remote(ray)
     stored: dict[int, tuple[Any, Any, Any]] = {}  # each kernel (one per batch of a job) stored once
     for task in tasks:
         if id(task[0]) not in stored:
             stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
     queue = deque(tasks)
-    limit = len(tasks) if n_jobs is None or n_jobs == -1 else n_jobs
+    first, every = compile_slots(ray, n_jobs, len(tasks))
+    # this job's warm-ups still running: a compile queued now would have Ray start a new worker for it
+    warming = set(_WARMING) if _WARMING_JOB == [ray.get_runtime_context().get_job_id()] else set()
+    warming -= set(ray.wait(list(warming), num_returns=len(warming), timeout=0)[0]) if warming else set()
+    limit = first - len(warming)
+    wait_until = time.monotonic() + WARM_WAIT_S
     running: dict[Any, tuple[int, float]] = {}  # ref -> (config index, submitted at)
     try:
         while queue or running:
-            while queue and len(running) < limit:
+            if warming and time.monotonic() > wait_until:
+                logger.debug("the Ray compile workers' warm-ups are not done after %g s: compiling on any worker",
+                             WARM_WAIT_S)
+                limit, warming = max(limit, first), set()
+            while queue and len(running) < (limit if warming else max(1, limit)):
                 task = queue.popleft()
-                running[remote.remote(*stored[id(task[0])], *task[3:])] = (task[3], time.perf_counter())
-            done, _ = ray.wait(list(running), num_returns=1)
+                running[remote.remote("compile", *stored[id(task[0])], *task[3:])] = (task[3], time.perf_counter())
+            done, _ = ray.wait([*running, *warming], num_returns=1,
+                               timeout=max(0.0, wait_until - time.monotonic()) if warming else None)
             for ref in done:
+                if ref in warming:  # its worker is free, ready for a compile
+                    warming.discard(ref)
+                    limit = min(every, limit + 1)
+                    continue
                 index, t0 = running.pop(ref)
                 try:
                     out = ray.get(ref)
@@ -373,6 +459,10 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOu
                     out = CompileOutcome(index, Status.COMPILE_ERROR, f"the Ray compile task for this config was "
                                          f"lost with its worker or node, {COMPILE_RETRIES} retries included "
                                          f"({_headline(e)})", time.perf_counter() - t0)
+                if out.seconds >= REAL_COMPILE_S and limit < every:
+                    logger.debug("a compile took %.1f s (not a cache hit): opening all %d compile slots",
+                                 out.seconds, every)
+                    limit = every
                 yield out
     finally:
         for ref in running:

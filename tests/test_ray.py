@@ -250,3 +250,76 @@ def test_ray_measures_in_actors_so_isolate_false_is_refused():
     with pytest.raises(ValueError, match="backend='ray' measures in Ray actors.*isolate=True"):
         tuner(backend="ray", isolate=False)
 
+
+
+@needs_ray
+@pytest.mark.parametrize("real_s, most", [(1e9, 1), (0.0, 2)])
+def test_ray_compiles_open_every_slot_only_once_one_is_a_real_compile(local_ray, monkeypatch, real_s, most):
+    """At first a run keeps only the warmed slots busy (here one); a compile as slow as ``REAL_COMPILE_S``
+    (not a cache hit) opens all of ``n_jobs``. The compile tasks in flight are counted at each wait (the
+    module's run warmed its workers long before)."""
+    from kernels.c_kernels import add
+
+    from autotuner.compile import CompileBatch, compile_many
+    from autotuner.target import resolve_target
+
+    in_flight: list[int] = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(local_ray, name)
+
+        def wait(self, refs, **kwargs):
+            in_flight.append(len(set(refs) - set(ray_cluster._WARMING)))  # compile tasks only
+            return local_ray.wait(refs, **kwargs)
+
+    monkeypatch.setattr(ray_cluster, "connect", Spy)
+    monkeypatch.setattr(ray_cluster, "MIN_FIRST_SLOTS", 1)
+    monkeypatch.setattr(ray_cluster, "REAL_COMPILE_S", real_s)
+    assert ray_cluster.compile_slots(Spy(), None, 4) == (1, 2)  # 2 CPUs, no GPU
+    configs = [dict(block_M=m, block_N=n) for m in (16, 32) for n in (16, 64)]
+    batch = CompileBatch(add, configs, range(4), resolve_target("c").spec, 120.0)
+    outcomes = list(compile_many([batch], n_jobs=2, backend="ray"))
+    assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
+    assert max(in_flight) == most, in_flight
+
+
+@pytest.mark.parametrize("cpus, gpus, n_jobs, n_tasks, want", [
+    (32, 2, None, 288, (8, 32)),     # an nvidia-h200-x2 host: 8 warmed, all 32 once a compile is real
+    (128, 8, -1, 288, (32, 128)),    # four per GPU
+    (32, 2, 4, 288, (4, 4)),         # n_jobs bounds both
+    (32, 2, None, 3, (3, 3)),        # no more than there are tasks
+])
+def test_the_compile_slots_a_ray_run_opens(cpus, gpus, n_jobs, n_tasks, want):
+    class Cluster:
+        @staticmethod
+        def cluster_resources():
+            return {"CPU": float(cpus), "GPU": float(gpus)}
+
+    assert ray_cluster.compile_slots(Cluster(), n_jobs, n_tasks) == want
+
+
+@needs_ray
+def test_the_runtime_env_is_passed_unless_a_worker_already_imports_as_this_process(local_ray, monkeypatch):
+    """Ray's own idle workers are used (no runtime env) only when one of them reports this process's import
+    path and TileLang cache directory; pytest's test directories are not on a Ray worker's path."""
+    monkeypatch.setattr(ray_cluster, "_NEEDS_ENV", {})
+    assert ray_cluster.run_options(local_ray) == {"runtime_env": ray_cluster.worker_runtime_env()}
+
+    def same_everywhere():
+        return ["/nowhere"], None
+
+    monkeypatch.setattr(ray_cluster, "_NEEDS_ENV", {})
+    monkeypatch.setattr(ray_cluster, "_import_path", same_everywhere)
+    assert ray_cluster.run_options(local_ray) == {}
+
+    driver = os.getpid()
+
+    def fails_on_workers():
+        if os.getpid() != driver:
+            raise ImportError("a worker that cannot import the probe")
+        return ["/nowhere"], None
+
+    monkeypatch.setattr(ray_cluster, "_NEEDS_ENV", {})
+    monkeypatch.setattr(ray_cluster, "_import_path", fails_on_workers)
+    assert ray_cluster.run_options(local_ray)["runtime_env"]["env_vars"]["PYTHONPATH"] == "/nowhere"
