@@ -18,7 +18,9 @@ over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all
 Each tuning arm's JSON has the job's ``timeline`` (autotuner/timeline.py): ``events`` as
 ``[t, what, where]``, t in seconds since the plan started, and per device ``measured``, ``ready_s``,
 ``busy_s``, ``idle_s``, ``first_s``, ``last_s``; ``before_plan_s`` is the wall time spent before the
-plan (building the tuner). The log prints each arm's key events on one line.
+plan (building the tuner); ``compile_s`` summarises each candidate's compile seconds as its task measured
+them. The log prints each arm's key events on one line. The Ray arm also leaves Ray's own trace of every
+task and actor call beside ``--out`` (``<out>.ray-warm.ray-trace.json``, for chrome://tracing).
 
 Saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips what would not fit.
 On an ``nvidia-h200-x2`` host (32 cores) ``--modes cold`` with every arm takes about 5-7 minutes,
@@ -92,13 +94,27 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
         statuses[str(t.status)] = statuses.get(str(t.status), 0) + 1
     timeline = r.timeline.as_dict()
     end = max(e[0] for e in timeline["events"])
+    if arm == "ray" and os.environ.get("MULTI_GPU_RAY_TRACE"):  # every Ray task and actor call, for chrome://tracing
+        ray.timeline(filename=os.environ["MULTI_GPU_RAY_TRACE"])
     return {**out, "tuning": tuning, "wall_s": round(wall, 2), "phases": {k: round(v, 2) for k, v in r.phases.items()},
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device,
+            "compile_s": quantiles([t.compile_s for t in r.trials if t.compile_s is not None]),
             "timeline": timeline, "before_plan_s": round(wall - end, 2)}
 
 
+def quantiles(xs: list[float]) -> dict[str, float]:
+    """Median, 90th percentile, maximum and sum of ``xs`` (each candidate's compile seconds, as its task
+    measured them: a disk-cache hit when warm), rounded."""
+    if not xs:
+        return {}
+    xs = sorted(xs)
+    return {"n": len(xs), "median": round(xs[len(xs) // 2], 3), "p90": round(xs[int(0.9 * (len(xs) - 1))], 3),
+            "max": round(xs[-1], 3), "sum": round(sum(xs), 1)}
+
+
 #: The timeline events the log line shows (every event is in the JSON).
-KEY_EVENTS = ("key hashed", "job start", "process spawned", "opened", "process up", "device ready", "tilelang imported",
+KEY_EVENTS = ("key hashed", "job start", "process spawned", "opened", "process up", "torch imported",
+              "context created", "device ready", "tilelang imported",
               "imports done", "inputs made #0", "reference timed #0", "first kernel loaded #0", "pool ready",
               "first compiled", "last compiled", "first measured", "last measured", "finalists start", "job end")
 
@@ -232,11 +248,14 @@ def main() -> None:
         else:
             log(f"{which}: tuning {args.configs} configs at {'x'.join(map(str, args.shape))}")
             cache = os.path.join(tl_cache, which) if kind == "cold" else warm_cache
-            run = run_child(args, which, {**env, "TILELANG_CACHE_DIR": cache}, [], left - 30)
+            extra_env = {"TILELANG_CACHE_DIR": cache}
+            if arm == "ray":
+                extra_env["MULTI_GPU_RAY_TRACE"] = str(args.out.with_name(f"{args.out.stem}.{which}.ray-trace.json"))
+            run = run_child(args, which, {**env, **extra_env}, [], left - 30)
             data["runs"][which] = run
             longest = max(longest, run.get("process_s", 0.0))
             log(f"{which}: {run.get('wall_s', '-')} s, winner {run.get('config')} {run.get('latency_ms')} ms, "
-                f"per device {run.get('trials_per_device')} {run.get('error', '')}")
+                f"per device {run.get('trials_per_device')}, compile s {run.get('compile_s')} {run.get('error', '')}")
             if run.get("timeline"):
                 log(f"{which} timeline: {timeline_line(run)}")
         dump(args.out, data)
