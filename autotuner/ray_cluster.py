@@ -208,14 +208,21 @@ class _SpareActor:
 
     actor: Any
     spawned: float
+    job: str  # the Ray job (this process's connection to Ray) it was created in
 
     def alive(self) -> bool:
-        return True  # one that died is restarted by Ray; the job's first call finds out
+        """Whether a job may take it: it belongs to this process's current Ray connection (an actor of an
+        earlier ``ray.init`` went with its ``ray.shutdown``). One that died is restarted by Ray; the job's
+        first call finds out."""
+        import ray
+
+        return ray.is_initialized() and ray.get_runtime_context().get_job_id() == self.job
 
     def close(self) -> None:
         import ray
 
-        ray.kill(self.actor, no_restart=True)
+        if self.alive():
+            ray.kill(self.actor, no_restart=True)
 
 
 def _new_actor(ray: Any, device: str) -> Any:
@@ -229,8 +236,9 @@ def prestart_actors(n: int, device: str) -> None:
     """Create, now, the ``n`` measuring actors a job on ``device`` will take (:mod:`.spares`), unless they
     are waiting already, so that their workers start and import while the job is planned."""
     ray = connect()
+    job = ray.get_runtime_context().get_job_id()
     for _ in range(n - spares.count(("ray", device))):
-        spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time()))
+        spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time(), job))
 
 
 #: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them) and their Ray job.

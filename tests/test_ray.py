@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import sqlite3
+import time
 
 import pytest
 import torch
@@ -323,3 +324,17 @@ def test_the_runtime_env_is_passed_unless_a_worker_already_imports_as_this_proce
     monkeypatch.setattr(ray_cluster, "_NEEDS_ENV", {})
     monkeypatch.setattr(ray_cluster, "_import_path", fails_on_workers)
     assert ray_cluster.run_options(local_ray)["runtime_env"]["env_vars"]["PYTHONPATH"] == "/nowhere"
+
+
+@needs_ray
+def test_a_spare_actor_of_an_earlier_ray_connection_is_never_taken(local_ray):
+    """After ``ray.shutdown()`` and a new ``ray.init``, an actor the plan made before is gone with the old
+    connection: it is closed (without a call to the new cluster about it), not handed to a job."""
+    from autotuner import spares
+
+    now = local_ray.get_runtime_context().get_job_id()
+    old = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job="ffffffff")
+    mine = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job=now)
+    assert not old.alive() and mine.alive()
+    spares.keep(("ray", "test-kind"), old)
+    assert spares.take(("ray", "test-kind")) is None  # closed as stale: old.close() did not touch Ray
