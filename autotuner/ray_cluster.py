@@ -107,10 +107,18 @@ def _import_path() -> tuple[list[str], str | None]:
     return list(dict.fromkeys(paths)), os.environ.get("TILELANG_CACHE_DIR")
 
 
+def _session(ray: Any) -> str:
+    """This process's current connection to Ray: its job id, which alone does not tell two local instances
+    apart (each one's first job is ``01000000``), at the node it connected through (a new id per instance)."""
+    context = ray.get_runtime_context()
+    return f"{context.get_job_id()}@{context.get_node_id()}"
+
+
 #: Seconds :func:`run_options` waits for an idle worker's import path before it passes the runtime env anyway.
 PROBE_TIMEOUT_S = 1.0
-#: Per Ray job: whether its workers need :func:`worker_runtime_env` (see :func:`run_options`).
-_NEEDS_ENV: dict[str, bool] = {}
+#: Per Ray session (:func:`_session`), import path and cache directory: whether the workers need
+#: :func:`worker_runtime_env` (see :func:`run_options`).
+_NEEDS_ENV: dict[tuple, bool] = {}
 
 
 def run_options(ray: Any) -> dict[str, Any]:
@@ -119,15 +127,16 @@ def run_options(ray: Any) -> dict[str, Any]:
     this process does, with the same TileLang cache directory (Ray started from this environment, as a
     local instance is). Then Ray's idle workers, started with the cluster, run the actors and compile tasks
     at once, where a worker made for a runtime env starts in 2 s (and more when many start together).
-    Asked once per Ray job, of an idle worker, within :data:`PROBE_TIMEOUT_S`."""
-    job = ray.get_runtime_context().get_job_id()
+    Asked once per Ray session and setting of this process's import path and cache directory (one that
+    changes between runs is asked about again), of an idle worker, within :data:`PROBE_TIMEOUT_S`."""
+    mine, my_cache = _import_path()
+    job = (_session(ray), tuple(mine), my_cache)
     if job not in _NEEDS_ENV:
         needs = True
         try:
             if len([n for n in ray.nodes() if n.get("Alive")]) == 1:
                 paths, cache_dir = ray.get(ray.remote(_import_path).options(num_cpus=0).remote(),
                                            timeout=PROBE_TIMEOUT_S)
-                mine, my_cache = _import_path()
                 needs = not (set(mine) <= set(paths) and cache_dir == my_cache)
         except Exception as e:  # noqa: BLE001 - no idle worker in time, or one that cannot import this module
             logger.debug("asking a Ray worker for its import path failed (%s): passing the runtime env", _headline(e))
@@ -208,7 +217,7 @@ class _SpareActor:
 
     actor: Any
     spawned: float
-    job: str  # the Ray job (this process's connection to Ray) it was created in
+    job: str  # the Ray session (:func:`_session`: this process's connection to Ray) it was created in
 
     def alive(self) -> bool:
         """Whether a job may take it: it belongs to this process's current Ray connection (an actor of an
@@ -216,7 +225,7 @@ class _SpareActor:
         first call finds out."""
         import ray
 
-        return ray.is_initialized() and ray.get_runtime_context().get_job_id() == self.job
+        return ray.is_initialized() and _session(ray) == self.job
 
     def close(self) -> None:
         import ray
@@ -236,17 +245,18 @@ def prestart_actors(n: int, device: str) -> None:
     """Create, now, the ``n`` measuring actors a job on ``device`` will take (:mod:`.spares`), unless they
     are waiting already, so that their workers start and import while the job is planned."""
     ray = connect()
-    job = ray.get_runtime_context().get_job_id()
+    job = _session(ray)
     for _ in range(n - spares.count(("ray", device))):
         spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time(), job))
 
 
-#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them) and their Ray job.
+#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them) and their Ray
+#: session (:func:`_session`: a ref of an earlier one is unknown to Ray, and ``ray.wait`` raises on it).
 _WARMING: list[Any] = []
 _WARMING_JOB: list[str] = []
 #: Seconds a run's compiles wait for the warm-ups before they take any worker Ray gives them.
 WARM_WAIT_S = 60.0
-#: What the workers were readied for: (Ray job, the kernel's modules).
+#: What the workers were readied for: (Ray session, the kernel's modules).
 _WARMED: set[tuple] = set()
 
 
@@ -280,7 +290,7 @@ def warm_compile_workers(kernel: Any, n_jobs: int | None) -> None:
     ray = connect()
     fn = getattr(kernel, "func", kernel)  # functools.partial: a template's kernel
     modules = {getattr(x, "__module__", None) for x in (fn, *getattr(kernel, "args", ())) if callable(x)}
-    what = (ray.get_runtime_context().get_job_id(), frozenset(m for m in modules if m))
+    what = (_session(ray), frozenset(m for m in modules if m))
     if what in _WARMED:
         return
     _WARMED.add(what)
@@ -439,9 +449,9 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOu
     queue = deque(tasks)
     first, every = compile_slots(ray, n_jobs, len(tasks))
     # this job's warm-ups still running: a compile queued now would have Ray start a new worker for it
-    warming = set(_WARMING) if _WARMING_JOB == [ray.get_runtime_context().get_job_id()] else set()
+    warming = set(_WARMING) if _WARMING_JOB == [_session(ray)] else set()
     warming -= set(ray.wait(list(warming), num_returns=len(warming), timeout=0)[0]) if warming else set()
-    limit = first - len(warming)
+    limit = max(0, first - len(warming))  # more warm-ups than tasks (first == every): a slot per warm-up done
     wait_until = time.monotonic() + WARM_WAIT_S
     running: dict[Any, tuple[int, float]] = {}  # ref -> (config index, submitted at)
     try:

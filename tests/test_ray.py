@@ -327,14 +327,41 @@ def test_the_runtime_env_is_passed_unless_a_worker_already_imports_as_this_proce
 
 
 @needs_ray
-def test_a_spare_actor_of_an_earlier_ray_connection_is_never_taken(local_ray):
-    """After ``ray.shutdown()`` and a new ``ray.init``, an actor the plan made before is gone with the old
-    connection: it is closed (without a call to the new cluster about it), not handed to a job."""
-    from autotuner import spares
+def test_the_runtime_env_is_asked_about_again_once_the_import_path_changes(local_ray, monkeypatch):
+    """A path this process adds between two runs (a notebook's ``sys.path.insert``) is one Ray's workers
+    lack: the second run passes the runtime env again rather than reuse the first run's answer."""
+    driver, mine = os.getpid(), ["/nowhere"]
 
-    now = local_ray.get_runtime_context().get_job_id()
-    old = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job="ffffffff")
-    mine = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job=now)
-    assert not old.alive() and mine.alive()
+    def worker_lacks_what_is_added():
+        return (list(mine) if os.getpid() == driver else ["/nowhere"]), None
+
+    monkeypatch.setattr(ray_cluster, "_NEEDS_ENV", {})
+    monkeypatch.setattr(ray_cluster, "_import_path", worker_lacks_what_is_added)
+    assert ray_cluster.run_options(local_ray) == {}
+    mine.insert(0, "/added")
+    assert ray_cluster.run_options(local_ray)["runtime_env"]["env_vars"]["PYTHONPATH"] == "/added:/nowhere"
+
+
+@needs_ray
+def test_what_an_earlier_ray_session_left_is_never_used(local_ray):
+    """After ``ray.shutdown()`` and a new ``ray.init`` (a new local instance, whose first job has the same
+    id as the last one's: 01000000), the earlier session's warm-up tasks (``ray.wait`` raises on them) and
+    spare actors are left behind: the compiles run, and the spare is closed without a call to Ray."""
+    from kernels.c_kernels import add
+
+    from autotuner import spares
+    from autotuner.compile import CompileBatch, compile_many
+    from autotuner.target import resolve_target
+
+    ray_cluster.warm_compile_workers(add, 2)
+    old = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job=ray_cluster._session(local_ray))
+    assert old.alive() and ray_cluster._WARMING
+    local_ray.shutdown()
+    local_ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    assert not old.alive()
     spares.keep(("ray", "test-kind"), old)
     assert spares.take(("ray", "test-kind")) is None  # closed as stale: old.close() did not touch Ray
+    configs = [dict(block_M=m, block_N=n) for m in (16, 32) for n in (16, 64)]
+    batch = CompileBatch(add, configs, range(4), resolve_target("c").spec, 120.0)
+    outcomes = list(compile_many([batch], n_jobs=2, backend="ray"))
+    assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
