@@ -221,6 +221,7 @@ def main() -> None:
     p.add_argument("--ray", action="store_true", help="add the arm on a local Ray instance (backend='ray')")
     p.add_argument("--tilelang", action="store_true", help="add TileLang's AutoTuner with benchmark_multi_gpu "
                    "(cold only)")
+    p.add_argument("--skip", nargs="*", default=[], help="runs of the plan to leave out, e.g. ray-cold")
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds for the whole run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "multi_gpu.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -235,6 +236,7 @@ def main() -> None:
     arms = ["1gpu", "all"] + ["ray"] * args.ray + ["tl"] * args.tilelang
     plan = [(a, "cold") for a in arms] if "cold" in kinds else [("1gpu", "cold")]  # fills the warm runs' cache
     plan += [(a, "warm") for a in arms if a != "tl" and "warm" in kinds]  # TileLang's cache keys are not ours
+    plan = [(a, k) for a, k in plan if f"{a}-{k}" not in args.skip or (a, k) == ("1gpu", "cold")]
     data: dict[str, Any] = {"shape": args.shape, "configs": args.configs, "started": time.strftime("%Y-%m-%d %H:%M"),
                             "plan": [f"{a}-{k}" for a, k in plan], "runs": {}, "pairs": {}}
     warm_cache = os.path.join(tl_cache, "1gpu-cold")
