@@ -29,6 +29,8 @@ candidate again unless that directory is on a shared file system.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import logging
 import os
 import sys
@@ -100,10 +102,24 @@ def worker_runtime_env() -> dict[str, Any]:
     return {"env_vars": env}
 
 
+@functools.cache
+def _tilelang_dir() -> str | None:
+    """TileLang's package directory, found without importing it; ``None`` where it is not installed."""
+    spec = importlib.util.find_spec("tilelang")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return os.path.abspath(locations[0]) if locations else None
+
+
 def _import_path() -> tuple[list[str], str | None]:
     """This process's import path, made absolute, and its TileLang cache directory setting. Also what
-    :func:`run_options` asks a worker of the cluster for."""
+    :func:`run_options` asks a worker of the cluster for. Without the entries inside TileLang's package
+    (its TVM and its libraries): TileLang puts them on ``sys.path`` when it is imported, in this process
+    and in every worker, which imports it before it compiles or measures, so a run's path does not change
+    when this process imports TileLang halfway through the plan (seen 2026-11-22: the warm-ups went to
+    Ray's idle workers, then the compiles, asked about again, to 8 new workers importing for 8-10 s)."""
+    own = _tilelang_dir()
     paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    paths = [p for p in paths if own is None or not p.startswith(own + os.sep)]
     return list(dict.fromkeys(paths)), os.environ.get("TILELANG_CACHE_DIR")
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import logging
 import os
 import sqlite3
+import sys
 import time
 
 import pytest
@@ -365,3 +366,18 @@ def test_what_an_earlier_ray_session_left_is_never_used(local_ray):
     batch = CompileBatch(add, configs, range(4), resolve_target("c").spec, 120.0)
     outcomes = list(compile_many([batch], n_jobs=2, backend="ray"))
     assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
+
+
+def test_the_import_path_asked_about_does_not_change_when_tilelang_is_imported(monkeypatch):
+    """TileLang puts its TVM and libraries on ``sys.path`` when imported, in this process halfway through a
+    run's plan and in each worker when it first compiles: left out of the path compared, so that a run's
+    compiles are not asked about again, and sent to new workers, after its warm-ups (seen 2026-11-22)."""
+    own = ray_cluster._tilelang_dir()
+    assert own is not None and os.path.isdir(os.path.join(own, "3rdparty"))
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not os.path.abspath(p or ".").startswith(own)])
+    before = ray_cluster._import_path()  # as before TileLang's import
+    monkeypatch.setattr(sys, "path", [*sys.path, os.path.join(own, "3rdparty", "tvm", "python"),
+                                      os.path.join(own, "lib")])
+    assert ray_cluster._import_path() == before
+    monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
+    assert ray_cluster._import_path()[0] == [*before[0], "/elsewhere"]
