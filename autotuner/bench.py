@@ -12,7 +12,9 @@ which holds every problem's spec and names one by its position in the job (``sid
   it. Isolated, that costs one trial (``runtime_error``) and a restart of the measuring process;
   a kernel that runs past ``run_timeout`` is killed (``timeout``). The process starts during the plan
   (:func:`prestart`, :mod:`.spares`), so that its imports and its GPU's start overlap the plan and
-  compilation.
+  compilation. It is forked from this process while that is safe (:mod:`.forking`: this process has not
+  started CUDA), so it has torch and TileLang at once; otherwise (CUDA already started, as in model
+  code or a notebook that used the GPU) it is a fresh interpreter, which imports them (4-6 s).
 * Both it and a Ray measuring actor (:mod:`.ray_cluster`) are a :class:`ServedBench`: a ``Benches``
   on the other side of a channel, answering :func:`serve_one`'s requests.
 
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import procs, spares
+from . import forking, procs, spares
 from .cache import prim_hash
 from .check import compare, make_args, manual_check, poison_, run_reference, same_bits, supplied_inputs
 from .compile import (
@@ -486,6 +488,10 @@ def start_device(device: str) -> list[tuple[float, str]]:
     import torch
 
     stamps = [(time.time(), "torch imported")]
+    if ctx is not None and ctx.is_alive():  # torch came at once (a forked process): TileLang while the driver starts
+        import tilelang  # noqa: F401
+
+        stamps.append((time.time(), "tilelang imported"))
     if ctx is not None:
         ctx.join()
         stamps += [(t, "context created") for t in made]
@@ -495,9 +501,15 @@ def start_device(device: str) -> list[tuple[float, str]]:
         except Exception as e:  # noqa: BLE001 - met again, and reported, by the first candidate
             logger.debug("starting the GPU ahead failed: %s", format_error(e))
     stamps.append((time.time(), "device ready"))
-    import tilelang  # noqa: F401 - every candidate's load needs it
+    if not any(what == "tilelang imported" for _, what in stamps):
+        import tilelang  # noqa: F401 - every candidate's load needs it
 
-    return sorted(stamps + [(time.time(), "tilelang imported")])
+        stamps.append((time.time(), "tilelang imported"))
+    return sorted(stamps)
+
+
+#: A measuring process's name (``ps -o comm``, ``/proc/<pid>/comm``), forked or spawned.
+MEASURING_PROCESS_NAME = "tilecarve-bench"
 
 
 def _serve(fd: int, device: str = "cpu") -> None:
@@ -507,6 +519,7 @@ def _serve(fd: int, device: str = "cpu") -> None:
     from multiprocessing.connection import Connection
 
     up = time.time()
+    procs.name_process(MEASURING_PROCESS_NAME)
     conn = Connection(fd)
     job: list[Any] = []  # read at once, on a thread: a large payload would block the parent's send meanwhile
     reader = threading.Thread(target=lambda: job.append(_receive_job(conn)), name="tilecarve-job", daemon=True)
@@ -677,7 +690,7 @@ class _Process:
     """A measuring process (:func:`_serve`) and this side of its pipe; :mod:`.spares` keeps it until a job
     takes it."""
 
-    proc: subprocess.Popen
+    proc: Any  # a subprocess.Popen, or a forking.ForkedProcess (handled alike)
     conn: Any
     spawned: float  # wall time
 
@@ -693,17 +706,35 @@ class _Process:
 
 def _spawn(env: dict[str, str], device: str) -> _Process:
     """A measuring process for ``device`` (``"cuda"`` or ``"cpu"``) with ``env`` added to its environment.
-    A fresh interpreter rather than multiprocessing's spawn, which re-imports the user's ``__main__``
-    (re-running a script that lacks an ``if __name__ == "__main__"`` guard). It dies with the thread that
-    spawns it, even if this process is SIGKILLed (:func:`.procs.python_child_argv`)."""
+    Forked when :func:`.forking.can_fork` allows it (and no forked one has failed to start), else a fresh
+    interpreter rather than multiprocessing's spawn, which re-imports the user's ``__main__`` (re-running
+    a script that lacks an ``if __name__ == "__main__"`` guard). Either dies with the thread that starts
+    it, even if this process is SIGKILLed (:func:`.procs.python_child_argv`, :func:`.forking.fork_child`)."""
     parent, child = multiprocessing.Pipe()
-    full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
     spawned = time.time()
-    proc = subprocess.Popen(
-        procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()}, {device!r})"),
-        pass_fds=[child.fileno()], env=full, stdin=subprocess.DEVNULL)
+    if forking.can_fork(device) and not _FORK_FAILED:
+        import tilelang  # noqa: F401 - here first (the plan needs it too): the child has it at once, and the two
+        # do not import it side by side (1 s slower each on an H200 host, 2026-11-22)
+
+        def main() -> None:
+            parent.close()  # the child's copy: the parent's close must reach it as EOF
+            _serve(child.fileno(), device)
+
+        proc: Any = forking.fork_child(main, env, MEASURING_PROCESS_NAME)
+    else:
+        full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
+        with forking.FORK_LOCK:  # see forking.fork_child
+            proc = subprocess.Popen(
+                procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()}, {device!r})"),
+                pass_fds=[child.fileno()], env=full, stdin=subprocess.DEVNULL)
     child.close()
     return _Process(proc, parent, spawned)
+
+
+#: Set when a forked measuring process did not start (:data:`FORKED_READY_S`): from then on, spawn.
+_FORK_FAILED: list[str] = []
+#: Seconds a forked measuring process may take to be ready (the spawned one's bound is 600 s).
+FORKED_READY_S = 120.0
 
 
 def _spare_kind(env: dict[str, str], device: str) -> tuple:
@@ -760,13 +791,25 @@ class IsolatedBench(ServedBench):
                 p.close()
         self._proc, self._conn = p.proc, p.conn
         self._stamps.append((p.spawned, "process spawned"))
+        if isinstance(p.proc, forking.ForkedProcess):
+            self._stamps.append((p.spawned, "process forked"))
         self._ready = False
         self._owed = []
 
     def _wait_ready(self) -> None:
         if not self._ready:
-            if not self._conn.poll(600):
-                raise RuntimeError("the measuring process did not start within 600 s")
+            forked = isinstance(self._proc, forking.ForkedProcess)
+            if not self._conn.poll(FORKED_READY_S if forked else 600):
+                if not forked:
+                    raise RuntimeError("the measuring process did not start within 600 s")
+                # a lock its parent's thread held at the fork, say: spawn this one and every later one
+                _FORK_FAILED.append(f"a forked measuring process was not ready within {FORKED_READY_S:g} s")
+                logger.warning("%s; measuring processes are started as fresh interpreters from now on",
+                               _FORK_FAILED[-1])
+                self._owed = []
+                self._kill()
+                self._start()
+                return self._wait_ready()
             self._conn.recv()  # ("ready", None)
             self._ready = True
 

@@ -64,18 +64,21 @@ def device_name(kind: str, index: int) -> str:
     """The model of device ``index`` (``torch.cuda.get_device_name``; ``"cpu"`` for the C target's fake
     devices): two devices whose timings compare have the same name. Tests replace this function."""
     if kind == "cuda":
-        import torch
+        from .forking import local_gpus
 
-        return torch.cuda.get_device_name(index)
+        gpus = local_gpus()
+        if not 0 <= index < len(gpus):
+            raise ValueError(f"there is no GPU {index}: {len(gpus)} are visible")
+        return gpus[index]["name"]
     return "cpu"
 
 
 def device_count(kind: str) -> int:
     """How many devices ``"all"`` means: the visible GPUs, or on the C target the CPU cores."""
     if kind == "cuda":
-        import torch
+        from .forking import local_gpus
 
-        return torch.cuda.device_count()
+        return len(local_gpus())
     return os.cpu_count() or 1
 
 

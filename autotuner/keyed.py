@@ -52,7 +52,7 @@ def capturing() -> bool:
     """Is a CUDA graph being captured on the current stream? Nothing is tuned then."""
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()  # no capture before CUDA starts
 
 
 def add_listener(fn: Callable[[KeyedKernel, dict[str, Any]], None]) -> None:

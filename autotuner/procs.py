@@ -39,8 +39,10 @@ from typing import Any
 __all__ = [
     "current_scratch",
     "die_with_parent",
+    "forget_tracked",
     "kill_tracked",
     "make_compile_dir",
+    "name_process",
     "python_child_argv",
     "remove_tree",
     "run_scratch",
@@ -57,6 +59,7 @@ _LOCK_NAME = ".owner.lock"
 #: A directory younger than this is never swept (its run may not have locked it yet).
 _SWEEP_MIN_AGE_S = 120.0
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def _load_prctl() -> Any:
@@ -91,6 +94,15 @@ def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) ->
     return armed
 
 
+def name_process(name: str) -> bool:
+    """Set this process's name as ``ps -o comm``, ``top`` and ``/proc/<pid>/comm`` show it (Linux, 15
+    characters; a forked child otherwise shows its parent's). Returns whether it was set."""
+    if _PRCTL is None:
+        return False
+    buf = ctypes.create_string_buffer(name.encode()[:15])
+    return _PRCTL(_PR_SET_NAME, ctypes.addressof(buf), 0, 0, 0) == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # compile children a worker owns
 
@@ -106,6 +118,11 @@ def track(pgid: int, path: str | None = None) -> None:
 
 def untrack(pgid: int) -> None:
     _TRACKED.pop(pgid, None)
+
+
+def forget_tracked() -> None:
+    """In a child forked from a worker: the groups it tracks are its parent's, not its own to kill."""
+    _TRACKED.clear()
 
 
 def kill_group(pgid: int) -> None:

@@ -45,15 +45,17 @@ class ResolvedTarget:
 
 def _local_cuda_arch() -> tuple[str, str] | None:
     """``(arch, device name)`` of local GPU 0, or ``None`` when there is none."""
+    from .forking import local_gpus
+
     try:
-        import torch
-    except ImportError:
+        gpus = local_gpus()
+    except ImportError:  # no torch, and no driver to ask
         return None
-    if not torch.cuda.is_available():
+    if not gpus:
         return None
-    major, minor = torch.cuda.get_device_capability(0)
+    major, minor = gpus[0]["capability"]
     arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
-    return arch, torch.cuda.get_device_name(0)
+    return arch, gpus[0]["name"]
 
 
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")

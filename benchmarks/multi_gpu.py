@@ -5,6 +5,8 @@ Each tuning runs in its own subprocess (a fresh CUDA context and tuning database
 * ``1gpu``: today's single measuring process; ``all``: ``set_tuning(devices="all")``;
 * ``ray`` (``--ray``): ``set_tuning(backend="ray")`` on a local Ray instance started in the child before
   the clock starts (its start is recorded as ``ray_init_s``): compile tasks and one actor per GPU;
+* ``1gpu_spawn``, ``all_spawn`` (``--spawn``): the same with every measuring process a fresh interpreter
+  (``TILECARVE_MEASURE_START=spawn``) rather than forked from the tuning process;
 * ``tl`` (``--tilelang``, cold only): TileLang's own AutoTuner with ``benchmark_multi_gpu=True``, as
   its ``example_gemm_autotune.py`` calls it.
 
@@ -66,11 +68,11 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     from templates import matmul as mm
 
     problem, configs = grid(args.shape, args.configs)
-    arm = args.child.split("-")[0]
-    out: dict[str, Any] = {"mode": args.child, "gpus": torch.cuda.device_count(), "n_configs": len(configs),
-                           "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    arm = args.child.split("-")[0].removesuffix("_spawn")
+    out: dict[str, Any] = {"mode": args.child, "n_configs": len(configs),
+                           "measure_start": os.environ.get("TILECARVE_MEASURE_START", "fork")}
     if arm == "tl":
-        return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs))}
+        return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs)), **gpus(torch)}
     tuning: dict[str, Any] = {"devices": "all"} if arm == "all" else {}
     if arm == "ray":
         import ray
@@ -96,10 +98,18 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     end = max(e[0] for e in timeline["events"])
     if arm == "ray" and os.environ.get("MULTI_GPU_RAY_TRACE"):  # every Ray task and actor call, for chrome://tracing
         ray.timeline(filename=os.environ["MULTI_GPU_RAY_TRACE"])
-    return {**out, "tuning": tuning, "wall_s": round(wall, 2), "phases": {k: round(v, 2) for k, v in r.phases.items()},
+    return {**out, **gpus(torch), "tuning": tuning, "wall_s": round(wall, 2),
+            "phases": {k: round(v, 2) for k, v in r.phases.items()},
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device,
             "compile_s": quantiles([t.compile_s for t in r.trials if t.compile_s is not None]),
             "timeline": timeline, "before_plan_s": round(wall - end, 2)}
+
+
+def gpus(torch: Any) -> dict[str, Any]:
+    """The host's GPUs. Asked after tuning: asking torch starts CUDA (``cuInit``) in this process, after which
+    the tuner spawns its measuring processes rather than forking them (autotuner/forking.py)."""
+    n = torch.cuda.device_count()
+    return {"gpus": n, "gpu_names": [torch.cuda.get_device_name(i) for i in range(n)]}
 
 
 def quantiles(xs: list[float]) -> dict[str, float]:
@@ -113,7 +123,7 @@ def quantiles(xs: list[float]) -> dict[str, float]:
 
 
 #: The timeline events the log line shows (every event is in the JSON).
-KEY_EVENTS = ("key hashed", "job start", "process spawned", "opened", "process up", "torch imported",
+KEY_EVENTS = ("key hashed", "job start", "process spawned", "process forked", "opened", "process up", "torch imported",
               "context created", "device ready", "tilelang imported",
               "imports done", "inputs made #0", "reference timed #0", "first kernel loaded #0", "pool ready",
               "first compiled", "last compiled", "first measured", "last measured", "finalists start", "job end")
@@ -194,7 +204,7 @@ def compare_mode(args: argparse.Namespace, data: dict[str, Any], kind: str, arms
     pair: dict[str, Any] = {}
     for a, run in runs.items():
         pair[a] = {"wall_s": run["wall_s"]}
-        for base in ("1gpu", "all"):
+        for base in ("1gpu", "all", "1gpu_spawn", "all_spawn"):
             if base in runs and base != a:
                 pair[a][f"wall_over_{base}"] = round(run["wall_s"] / runs[base]["wall_s"], 3)
     winners = list({json.dumps(r["config"], sort_keys=True): r["config"] for r in runs.values()}.values())
@@ -221,6 +231,8 @@ def main() -> None:
     p.add_argument("--ray", action="store_true", help="add the arm on a local Ray instance (backend='ray')")
     p.add_argument("--tilelang", action="store_true", help="add TileLang's AutoTuner with benchmark_multi_gpu "
                    "(cold only)")
+    p.add_argument("--spawn", action="store_true", help="add the one-GPU and every-GPU arms with measuring "
+                   "processes started as fresh interpreters (TILECARVE_MEASURE_START=spawn), beside the forked ones")
     p.add_argument("--skip", nargs="*", default=[], help="runs of the plan to leave out, e.g. ray-cold")
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds for the whole run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "multi_gpu.json")
@@ -233,7 +245,7 @@ def main() -> None:
     tl_cache = tempfile.mkdtemp(prefix="multi-gpu-tl-")
     env = {"TILECARVE_CACHE_DIR": tempfile.mkdtemp(prefix="multi-gpu-db-")}
     kinds = ["cold", "warm"] if args.modes == "both" else [args.modes]
-    arms = ["1gpu", "all"] + ["ray"] * args.ray + ["tl"] * args.tilelang
+    arms = ["1gpu", "all"] + ["ray"] * args.ray + ["tl"] * args.tilelang + ["1gpu_spawn", "all_spawn"] * args.spawn
     plan = [(a, "cold") for a in arms] if "cold" in kinds else [("1gpu", "cold")]  # fills the warm runs' cache
     plan += [(a, "warm") for a in arms if a != "tl" and "warm" in kinds]  # TileLang's cache keys are not ours
     plan = [(a, k) for a, k in plan if f"{a}-{k}" not in args.skip or (a, k) == ("1gpu", "cold")]
@@ -251,6 +263,8 @@ def main() -> None:
             log(f"{which}: tuning {args.configs} configs at {'x'.join(map(str, args.shape))}")
             cache = os.path.join(tl_cache, which) if kind == "cold" else warm_cache
             extra_env = {"TILELANG_CACHE_DIR": cache}
+            if arm.endswith("_spawn"):
+                extra_env["TILECARVE_MEASURE_START"] = "spawn"
             if arm == "ray":
                 extra_env["MULTI_GPU_RAY_TRACE"] = str(args.out.with_name(f"{args.out.stem}.{which}.ray-trace.json"))
             run = run_child(args, which, {**env, **extra_env}, [], left - 30)

@@ -2,8 +2,9 @@
 
 TileLang's ``CUDA("cuda")`` needs a physical device and, without one, silently falls back to CUDA-core
 hints with a 48 KB shared-memory limit. Here every built-in GPU is described from its public data sheet,
-so ranking works on a laptop or a CI box; ``CUDA("cuda")`` reads the local device through torch (lazily:
-importing this module imports neither torch nor tilelang) and overlays what the driver reports on the
+so ranking works on a laptop or a CI box; ``CUDA("cuda")`` reads the local device from the CUDA driver
+(``autotuner.forking.local_gpus``: asked in a forked child, so that reading it does not start CUDA in
+this process; lazily: importing this module imports neither torch nor tilelang) and overlays what the driver reports on the
 built-in entry for that model. Users can build a :class:`GPUArch` for a GPU we do not list.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import types
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -240,15 +242,17 @@ def CDNA(name: str = "hip") -> GPUArch:  # noqa: N802 - the name TileLang users 
 
 def _local_device(index: int) -> GPUArch:
     """The local GPU: the built-in entry for its model, overlaid with what the driver reports."""
+    from autotuner.forking import local_gpus  # the driver asked without starting CUDA in this process
+
     try:
-        import torch
-    except ImportError as e:  # torch is a dependency of the project, but the carver itself does not need it
-        raise RuntimeError("CUDA('cuda') reads the local GPU through torch, which is not installed; name the "
-                           "GPU instead, e.g. CUDA('H100')") from e
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        raise RuntimeError(f"CUDA('cuda') found no CUDA device {index} (torch.cuda.is_available() is "
-                           f"{torch.cuda.is_available()}); name the GPU instead, e.g. CUDA('H100')")
-    props = torch.cuda.get_device_properties(index)
+        gpus = local_gpus()
+    except ImportError as e:  # no driver to ask, and no torch: the carver itself does not need it
+        raise RuntimeError("CUDA('cuda') reads the local GPU through the CUDA driver or torch, and neither is "
+                           "available; name the GPU instead, e.g. CUDA('H100')") from e
+    if index >= len(gpus):
+        raise RuntimeError(f"CUDA('cuda') found no CUDA device {index} ({len(gpus)} visible); name the GPU "
+                           f"instead, e.g. CUDA('H100')")
+    props = types.SimpleNamespace(**gpus[index])
     base = _lookup(props.name)
     cc = (props.major, props.minor)
     if base is None:

@@ -18,7 +18,19 @@ def _has_cuda_gpu() -> bool:
         import torch
     except ImportError:
         return False
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() > 0  # NVML: this process does not start CUDA (autotuner/forking.py)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process sees no CUDA GPU, whatever the machine has: torch says so, and so does the driver query
+    that ``target="auto"`` and ``devices="all"`` use (:func:`autotuner.forking.local_gpus`)."""
+    import torch
+
+    from autotuner import forking
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(forking, "local_gpus", lambda: [])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -92,11 +92,7 @@ def test_unknown_arch_lists_known_names():
     assert "h100" in known_names() or "H100" in known_names()
 
 
-def test_local_device_without_gpu_says_how_to_fix():
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        assert CUDA("cuda").sm_count > 0
-        return
+def test_local_device_without_gpu_says_how_to_fix(no_gpu):
     with pytest.raises(RuntimeError, match="name the GPU"):
         CUDA("cuda")
 
@@ -351,26 +347,26 @@ def test_memory_bound_templates_errors():
 def test_local_device_overlays_what_the_driver_reports(monkeypatch):
     """CUDA('cuda') on a GPU machine, simulated: the built-in entry for the model, with the driver's
     SM count, shared memory, L2 and clock; an unlisted model falls back to its compute capability."""
-    import types
 
-    def fake_torch(name, major, minor, sms):
-        props = types.SimpleNamespace(name=name, major=major, minor=minor, multi_processor_count=sms,
-                                      shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
-                                      L2_cache_size=50 * 2**20, regs_per_multiprocessor=65536,
-                                      max_threads_per_multi_processor=2048, clock_rate=1_755_000)
-        cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
-                                     get_device_properties=lambda i: props)
-        return types.SimpleNamespace(cuda=cuda)
+    from autotuner import forking
 
-    monkeypatch.setitem(sys.modules, "torch", fake_torch("NVIDIA H100 80GB HBM3", 9, 0, 132))
+    def local(name, major, minor, sms):  # what the driver reports (autotuner.forking.local_gpus)
+        return lambda: [dict(name=name, major=major, minor=minor, capability=[major, minor], multi_processor_count=sms,
+                             shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
+                             L2_cache_size=50 * 2**20, regs_per_multiprocessor=65536,
+                             max_threads_per_multi_processor=2048, clock_rate=1_755_000)]
+
+    monkeypatch.setattr(forking, "local_gpus", local("NVIDIA H100 80GB HBM3", 9, 0, 132))
     a = CUDA("cuda")
     assert a.name == "NVIDIA H100 80GB HBM3" and a.sm_count == 132 and a.clock_mhz == 1755
     assert a.peak_flops("float16") == pytest.approx(989.4e12) and a.has_wgmma
-    monkeypatch.setitem(sys.modules, "torch", fake_torch("NVIDIA H800", 9, 0, 66))
+    monkeypatch.setattr(forking, "local_gpus", local("NVIDIA H800", 9, 0, 66))
     b = CUDA("cuda:0")
     assert b.sm_count == 66 and b.peak_flops("float16") == pytest.approx(989.4e12 / 2)
     assert MatmulTemplate(4096, 4096, 4096).with_arch(b).recommend_hints(2)
-    monkeypatch.setitem(sys.modules, "torch", fake_torch("Future GPU", 12, 0, 200))
+    with pytest.raises(RuntimeError, match="no CUDA device 1"):
+        CUDA("cuda:1")
+    monkeypatch.setattr(forking, "local_gpus", local("Future GPU", 12, 0, 200))
     with pytest.raises(ValueError, match="GPUArch"):
         CUDA("cuda")
 

@@ -96,7 +96,7 @@ def test_a_second_family_tunes_end_to_end_on_the_c_target():
     assert len(exhaustive.configs) == 4
 
 
-def test_compile_hands_tilelang_the_resolved_target_never_auto(monkeypatch):
+def test_compile_hands_tilelang_the_resolved_target_never_auto(monkeypatch, no_gpu):
     seen = []
     real = tilelang.compile
 
@@ -104,7 +104,6 @@ def test_compile_hands_tilelang_the_resolved_target_never_auto(monkeypatch):
         seen.append(kwargs["target"])
         return real(func, *args, **kwargs)
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(tilelang, "compile", spy)
     jit = ADD.compile(AddProblem(256), target="auto")  # no GPU: the CPU; no config: the top candidate
     a, b = torch.randn(256), torch.randn(256)
@@ -303,8 +302,7 @@ def test_the_carvers_arch_comes_from_the_resolved_target():
     assert ADD.resolve(AddProblem(8), "c").arch is None
 
 
-def test_no_gpu_and_wrong_kinds_are_said_per_family(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+def test_no_gpu_and_wrong_kinds_are_said_per_family(no_gpu):
     problem = mm.MatmulProblem(4096, 4096, 4096)
     with pytest.raises(CUDAUnavailableError, match="carver_template"):
         mm.MATMUL.tuner(problem)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
-import types
 
 import numpy as np
 import pytest
@@ -117,11 +115,11 @@ def test_the_arch_knows_its_memory_and_the_local_device_overlays_it(monkeypatch)
         dataclasses.replace(CUDA("H100"), memory_bytes=True)
     mine = dataclasses.replace(CUDA("H100"), name="H100-unknown-memory", memory_bytes=None)
     assert MatmulTemplate(4096, 4096, 4096).with_arch(mine).recommend_hints(2)
-    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
-                                  total_memory=85_029_158_912)
-    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
-                                 get_device_properties=lambda i: props)
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    from autotuner import forking
+
+    monkeypatch.setattr(forking, "local_gpus", lambda: [dict(  # what the driver reports, asked in a forked child
+        name="NVIDIA H100 80GB HBM3", major=9, minor=0, capability=[9, 0], multi_processor_count=132,
+        total_memory=85_029_158_912)])
     local = CUDA("cuda")
     assert local.memory_bytes == 85_029_158_912
     with pytest.raises(ValueError, match="device memory"):

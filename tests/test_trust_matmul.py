@@ -1,7 +1,7 @@
 """Hostile inputs to templates.matmul, offline: every entry point refuses shapes no GPU can hold (class
 11), bad config values and bad targets up front with the carver's rules (class 12), and a machine with
 no GPU is told so at once, with what works offline (class 13). Nothing here needs a GPU: the GPU check is
-made deterministic by patching ``torch.cuda.is_available``, and "nothing compiled" by patching the
+made deterministic by the ``no_gpu`` fixture (conftest.py), and "nothing compiled" by patching the
 compilers to fail the test if they are called. The one test that compiles (nvcc, no GPU) is marked.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tilelang
-import torch
 
 from carver import MatmulProblem, MatmulTemplate, check_matmul_config
 from carver.arch import CUDA
@@ -19,12 +18,6 @@ from templates import matmul as mm
 BEST = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True)
 SMALL_M = dict(block_M=64, block_N=128, block_K=64, num_stages=3, thread_num=128, enable_rasterization=True)
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
-
-
-@pytest.fixture
-def no_gpu(monkeypatch):
-    """This process sees no CUDA GPU, whatever the machine has."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 @pytest.fixture

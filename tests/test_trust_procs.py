@@ -513,10 +513,13 @@ def test_a_tuning_run_that_compiles_in_the_parent_leaves_no_temporary_file(tmp_p
     assert os.listdir(fresh) == []
 
 
-def test_a_measuring_process_that_dies_as_it_starts_is_an_error_not_a_loop(monkeypatch):
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_a_measuring_process_that_dies_as_it_starts_is_an_error_not_a_loop(monkeypatch, start):
     """A fresh measuring process that exits before reading its job (a broken environment) used to be
-    respawned forever when the job was larger than the pipe holds (found in review, 2026-11-22)."""
+    respawned forever when the job was larger than the pipe holds (found in review, 2026-11-22). Forked or
+    spawned alike."""
     import autotuner.bench as bench_mod
+    from autotuner import forking
 
     spawned = []
 
@@ -526,10 +529,20 @@ def test_a_measuring_process_that_dies_as_it_starts_is_an_error_not_a_loop(monke
             pytest.fail("respawned a measuring process that cannot start")
         return [sys.executable, "-c", "import sys; sys.exit(1)"]
 
+    def fork_child(main, env, name=None):
+        spawned.append(name)
+        if len(spawned) > 5:
+            pytest.fail("forked again a measuring process that cannot start")
+        return real_fork(main, env, name)
+
     class Spec:
         device = "cpu"
 
+    real_fork = forking.fork_child
+    monkeypatch.setenv(forking.START_ENV, start)
     monkeypatch.setattr(bench_mod.procs, "python_child_argv", argv)
+    monkeypatch.setattr(forking, "fork_child", fork_child)
+    monkeypatch.setattr(bench_mod, "_serve", lambda fd, device: os._exit(1))  # what a forked one runs
     monkeypatch.setattr(bench_mod, "spec_payload", lambda specs: (b"x" * 5_000_000, [], {}))
     with pytest.raises(RuntimeError, match=r"the measuring process exited as it started \(exit code 1\)"):
         bench_mod.IsolatedBench([Spec()], 10.0)

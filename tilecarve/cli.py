@@ -159,9 +159,9 @@ def cmd_hints(args: argparse.Namespace) -> int:
 # tune
 # --------------------------------------------------------------------------------------------------
 def _need_gpu(family: str, args: argparse.Namespace) -> None:
-    import torch
+    from autotuner.forking import local_gpus
 
-    if not torch.cuda.is_available():
+    if not local_gpus():  # asked without starting CUDA here: the measuring processes are forked
         gemv = " --family gemv" if family == "gemv" else ""
         raise NeedsGPU(f"tuning needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
                        f"nothing was compiled. Offline, the carver ranks configs for a named GPU: tilecarve hints "

@@ -1,0 +1,288 @@
+"""Measuring processes forked from this one, and what this process may ask the GPU without starting CUDA.
+
+A measuring process started as a fresh interpreter imports torch (2.5-3.5 s on an H200 host) and TileLang
+(1.5-2 s) before it measures anything; on a warm grid that start is most of what a second, third and
+fourth GPU cannot shorten. A child forked from this process has every module this one imported, and
+starts its GPU in the 0.5 s the driver takes. A forked child has only the thread that forked it, so
+nothing in it may count on a thread pool its parent started:
+
+* CUDA: forking is safe only while this process has not started the driver (``cuInit``); a child of a
+  process that has can use no GPU. So measuring processes are forked only before then, and spawned after
+  (model code and notebooks that have already used the GPU);
+* OpenMP (torch's and MKL's CPU ops): a parallel region in a child of a process that ran one hangs or
+  crashes (libgomp); the child runs torch on one thread, which begins none;
+* Ray's gRPC threads: no forking in a Ray driver or worker.
+
+Then:
+
+* :func:`cuda_started` says whether it has (torch's state, then the driver's own answer);
+* :func:`local_gpus` gives the visible GPUs' names and architectures (what ``target="auto"`` and
+  ``devices="all"`` need) without starting CUDA here: a short-lived forked child asks the driver;
+* :func:`can_fork` is the rule for a measuring process, and :func:`fork_child` starts one, returning a
+  :class:`ForkedProcess` that the caller handles as a ``subprocess.Popen``.
+
+``TILECARVE_MEASURE_START=spawn`` turns forking off (every measuring process a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from . import procs
+
+__all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "local_gpus"]
+
+#: Environment variable: ``spawn`` starts every measuring process as a fresh interpreter.
+START_ENV = "TILECARVE_MEASURE_START"
+_CUDA_ERROR_NOT_INITIALIZED = 3
+#: Seconds the forked driver query may take before the answer is asked of torch instead.
+QUERY_TIMEOUT_S = 30.0
+FORK_LOCK = threading.Lock()  # one fork (and one Popen of bench.py's) at a time: see fork_child
+
+
+@functools.cache
+def _libcuda() -> Any:
+    """The CUDA driver library, or ``None`` where there is none (CPU machines). Loaded once, in the parent:
+    a forked child then only calls it (no ``dlopen`` after a fork: :func:`.procs._load_prctl`)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def cuda_started() -> bool:
+    """Whether this process has started the CUDA driver: torch has initialised CUDA, or any library called
+    ``cuInit`` (before it, every driver call but a few answers ``CUDA_ERROR_NOT_INITIALIZED``)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return True
+    lib = _libcuda()
+    if lib is None:
+        return False
+    n = ctypes.c_int()
+    return lib.cuDeviceGetCount(ctypes.byref(n)) != _CUDA_ERROR_NOT_INITIALIZED
+
+
+def can_fork(device: str) -> bool:
+    """Whether a measuring process for ``device`` (``"cuda"``/``"cpu"``) may be forked from this process:
+    on Linux, unless :data:`START_ENV` says ``spawn``; a GPU one only while this process has not started
+    CUDA (:func:`cuda_started`), and none while this process is a Ray driver or worker (gRPC's threads
+    and fork handlers are Ray's business, not ours)."""
+    if not sys.platform.startswith("linux") or os.environ.get(START_ENV, "fork") == "spawn":
+        return False
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        return False
+    return device != "cuda" or not cuda_started()
+
+
+def _reset_child(env: dict[str, str]) -> None:
+    """In a forked child, first thing: nothing of this process's run belongs to it (the compile children
+    it tracks, its signal handlers, asyncio's wakeup fd, a notebook's stdout); ``env`` is added to its
+    environment (``CUDA_VISIBLE_DEVICES``: read when the child starts the driver)."""
+    procs.forget_tracked()
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    os.environ.update(env)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # OpenMP's thread team (libgomp: torch's and MKL's CPU ops) is not fork-safe: a
+        torch.set_num_threads(1)  # parallel region begun here would hang or crash; one thread begins none
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    sys.stdin = None
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the child's own, as a spawned one's
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+class ForkedProcess:
+    """A forked child, handled as a ``subprocess.Popen`` is (``pid``, ``returncode``, ``poll``, ``wait``,
+    ``kill``); its return code is negative for a signal, as Popen's."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.args = f"forked measuring process {pid}"
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): gone, its code unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def fork_child(main: Callable[[], None], env: dict[str, str], name: str | None = None) -> ForkedProcess:
+    """Fork a child, named ``name`` if given (:func:`.procs.name_process`), that runs ``main()`` and exits
+    (``os._exit``: none of this process's ``atexit`` handlers, ``finally`` blocks or buffered output run
+    twice), dying with the thread that forked it (:func:`.procs.die_with_parent`, as a spawned measuring
+    process does). One fork at a time, never
+    during one of :mod:`.bench`'s ``Popen`` calls (:data:`FORK_LOCK`): a child forked meanwhile would
+    hold the pipe ``Popen`` waits on."""
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed or odd stream: nothing to flush twice
+            pass
+    with FORK_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()": see the module doc
+        pid = os.fork()
+    if pid:
+        return ForkedProcess(pid)
+    code = 1
+    try:
+        if name is not None:
+            procs.name_process(name)
+        procs.die_with_parent(parent)
+        _reset_child(env)
+        main()
+        code = 0
+    except BaseException:  # noqa: BLE001 - the child must never return into its parent's stack
+        try:
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001, S110
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+#: The driver's device attributes (``CUdevice_attribute``) a fact dict carries, under torch's names for them
+#: (``torch.cuda.get_device_properties``): what the carver's ``CUDA("cuda")`` overlays on its table.
+_ATTRIBUTES = {"major": 75, "minor": 76, "multi_processor_count": 16, "shared_memory_per_block_optin": 97,
+               "shared_memory_per_multiprocessor": 81, "L2_cache_size": 38, "regs_per_multiprocessor": 82,
+               "max_threads_per_multi_processor": 39, "clock_rate": 13}
+
+
+def _driver_facts() -> list[dict[str, Any]]:
+    """In a forked child: the visible GPUs as the driver sees them (``CUDA_VISIBLE_DEVICES`` applied)."""
+    lib = _libcuda()
+    if lib is None or lib.cuInit(0) != 0:
+        return []
+    n = ctypes.c_int()
+    if lib.cuDeviceGetCount(ctypes.byref(n)) != 0:
+        return []
+    out = []
+    for i in range(n.value):
+        dev, value, total = ctypes.c_int(), ctypes.c_int(), ctypes.c_size_t()
+        name = ctypes.create_string_buffer(256)
+        if (lib.cuDeviceGet(ctypes.byref(dev), i) != 0 or lib.cuDeviceGetName(name, 256, dev) != 0
+                or lib.cuDeviceTotalMem_v2(ctypes.byref(total), dev) != 0):
+            raise RuntimeError(f"the CUDA driver could not describe device {i}")
+        facts: dict[str, Any] = {"name": name.value.decode(), "total_memory": total.value}
+        for key, attribute in _ATTRIBUTES.items():
+            if lib.cuDeviceGetAttribute(ctypes.byref(value), attribute, dev) != 0:
+                raise RuntimeError(f"the CUDA driver could not give device {i}'s {key}")
+            facts[key] = value.value
+        out.append({**facts, "capability": [facts["major"], facts["minor"]]})
+    return out
+
+
+def _query_forked() -> list[dict[str, Any]] | None:
+    """:func:`_driver_facts` asked of a forked child, which starts the driver in its place; ``None`` when
+    it did not answer within :data:`QUERY_TIMEOUT_S`."""
+    r, w = os.pipe()
+
+    def answer() -> None:
+        os.close(r)
+        os.write(w, json.dumps(_driver_facts()).encode())
+
+    try:
+        child = fork_child(answer, {}, "tilecarve-query")
+    except BaseException:
+        os.close(w)
+        os.close(r)
+        raise
+    os.close(w)
+    data, end = b"", time.monotonic() + QUERY_TIMEOUT_S
+    try:
+        while True:
+            ready, _, _ = select.select([r], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                child.kill()
+                return None
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        child.wait(10) if child.poll() is None else None
+    return json.loads(data) if child.returncode == 0 and data else None
+
+
+def _torch_facts() -> list[dict[str, Any]]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        facts = {key: getattr(props, key) for key in ("name", "total_memory", *_ATTRIBUTES) if hasattr(props, key)}
+        out.append({**facts, "capability": [props.major, props.minor]})
+    return out
+
+
+_FACTS: dict[str | None, list[dict[str, Any]]] = {}
+
+
+def local_gpus() -> list[dict[str, Any]]:
+    """The GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applied), in torch's order: ``name`` (as
+    ``torch.cuda.get_device_name``), ``capability`` (``[major, minor]``) and, under the names
+    ``torch.cuda.get_device_properties`` gives them, ``total_memory`` and :data:`_ATTRIBUTES` (from torch,
+    those its properties have). Asked once per setting of
+    ``CUDA_VISIBLE_DEVICES``; without starting CUDA here (a forked child asks the driver) unless it is
+    started already or no child can be forked, so that the measuring processes can still be forked."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible not in _FACTS:
+        facts = None
+        if sys.platform.startswith("linux") and not cuda_started() and _libcuda() is not None:
+            facts = _query_forked()
+        _FACTS[visible] = facts if facts is not None else _torch_facts()
+    return _FACTS[visible]

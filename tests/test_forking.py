@@ -1,0 +1,219 @@
+"""Measuring processes forked from the tuning process (autotuner/forking.py): when forking is allowed, that a
+forked child runs nothing of its parent's twice and survives the thread pools its parent started, the
+driver query behind ``local_gpus``, and a tune on the C target whose measuring process is forked, or
+spawned when forking is turned off or a forked one does not start."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+from kernels.c_kernels import add, ref_add
+from test_timeline import order_of
+
+import autotuner.bench as bench_mod
+from autotuner import AutoTuner, forking
+from autotuner.job import MEASURER
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forking is used on Linux only")
+
+
+def run_script(tmp_path, code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    path = tmp_path / "script.py"
+    path.write_text(textwrap.dedent(code))
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path)
+
+
+def test_a_forked_child_runs_none_of_its_parents_exit_handlers_finally_blocks_or_buffered_output(tmp_path):
+    out = run_script(tmp_path, """
+        import atexit, os
+        from autotuner import forking
+        atexit.register(lambda: print("atexit", flush=True))
+        print("before", end="")  # buffered when the child is forked
+        try:
+            child = forking.fork_child(lambda: print("child", os.environ.get("TC_ENV"), flush=True),
+                                       {"TC_ENV": "set"}, "tc-test")
+            print("code", child.wait(60), os.environ.get("TC_ENV"))
+        finally:
+            print("finally", flush=True)
+    """)
+    assert out.returncode == 0, out.stderr
+    for line in ("before", "child set", "code 0 None", "finally", "atexit"):
+        assert out.stdout.count(line) == 1, out.stdout
+    assert out.stdout.index("child") < out.stdout.index("finally") < out.stdout.index("atexit"), out.stdout
+
+
+def test_a_forked_child_survives_the_openmp_team_its_parent_started(tmp_path):
+    """Seen 2026-11-22: a measuring process forked after this process ran torch CPU ops on several threads
+    crashed in libgomp at its first large tensor op (every candidate a runtime_error)."""
+    out = run_script(tmp_path, """
+        import torch
+        from autotuner import forking
+        torch.set_num_threads(2)
+        x = torch.empty(10_000_000); x.fill_(1.0)  # an OpenMP parallel region in this thread
+
+        def main():
+            y = torch.empty(10_000_000); y.fill_(2.0)
+            assert float((y + y).sum()) == 4e7
+
+        print("code", forking.fork_child(main, {}).wait(60), torch.get_num_threads())
+    """)
+    assert out.returncode == 0 and "code 0 2" in out.stdout, (out.stdout, out.stderr)
+
+
+def test_a_forked_child_that_fails_or_hangs_is_handled_as_a_popen():
+    def fail():
+        raise ValueError("from the child")
+
+    failed = forking.fork_child(fail, {})
+    assert failed.wait(60) == 1 and failed.poll() == 1
+    slow = forking.fork_child(lambda: time.sleep(60), {})
+    with pytest.raises(subprocess.TimeoutExpired):
+        slow.wait(0.2)
+    slow.kill()
+    assert slow.wait(10) == -9
+
+
+def test_forking_is_refused_when_turned_off_after_cuda_started_and_in_a_ray_process(monkeypatch):
+    monkeypatch.delenv(forking.START_ENV, raising=False)
+    monkeypatch.setattr(forking, "cuda_started", lambda: False)
+    assert forking.can_fork("cpu") and forking.can_fork("cuda")
+    monkeypatch.setattr(forking, "cuda_started", lambda: True)  # a child could use no GPU
+    assert forking.can_fork("cpu") and not forking.can_fork("cuda")
+    monkeypatch.setattr(forking, "cuda_started", lambda: False)
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    assert not forking.can_fork("cpu")
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
+    assert forking.can_fork("cpu")
+    monkeypatch.setenv(forking.START_ENV, "spawn")
+    assert not forking.can_fork("cpu") and not forking.can_fork("cuda")
+
+
+def test_the_driver_is_asked_in_a_forked_child_which_is_killed_if_it_hangs(monkeypatch):
+    facts = [{"name": "NVIDIA H200", "capability": [9, 0]}]
+    monkeypatch.setattr(forking, "_driver_facts", lambda: facts)
+    assert forking._query_forked() == facts
+    monkeypatch.setattr(forking, "_driver_facts", lambda: 1 / 0)
+    assert forking._query_forked() is None
+    monkeypatch.setattr(forking, "_driver_facts", lambda: time.sleep(60))
+    monkeypatch.setattr(forking, "QUERY_TIMEOUT_S", 0.5)
+    t0 = time.monotonic()
+    assert forking._query_forked() is None and time.monotonic() - t0 < 10
+
+
+def test_local_gpus_asks_once_per_visible_set_and_falls_back_to_torch(monkeypatch):
+    asked = []
+    monkeypatch.setattr(forking, "_FACTS", {})
+    monkeypatch.setattr(forking, "_libcuda", lambda: object())  # a driver, not started here
+    monkeypatch.setattr(forking, "cuda_started", lambda: False)
+    monkeypatch.setattr(forking, "_query_forked", lambda: asked.append("driver") or None)  # no answer
+    monkeypatch.setattr(forking, "_torch_facts", lambda: asked.append("torch") or [{"name": "T", "capability": [8, 0]}])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert forking.local_gpus() == forking.local_gpus() == [{"name": "T", "capability": [8, 0]}]
+    assert asked == ["driver", "torch"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    forking.local_gpus()
+    assert asked == ["driver", "torch"] * 2
+    monkeypatch.setattr(forking, "cuda_started", lambda: True)  # started: torch is asked, no child forked
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    forking.local_gpus()
+    assert asked == ["driver", "torch"] * 2 + ["torch"]
+
+
+def tune(**tuning):
+    return (AutoTuner.from_kernel(add, [dict(block_M=16), dict(block_M=32)])
+            .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+            .set_tuning(n_jobs=2, progress=False, cache=False, **tuning).run(1, 3))
+
+
+def test_a_tune_forks_its_measuring_process_unless_told_to_spawn(monkeypatch):
+    monkeypatch.delenv(forking.START_ENV, raising=False)
+    forked = tune()
+    assert [str(t.status) for t in forked.trials] == ["ok", "ok"]
+    assert "process forked" in order_of(forked.timeline, MEASURER), forked.timeline.line()
+    monkeypatch.setenv(forking.START_ENV, "spawn")
+    spawned = tune()
+    steps = order_of(spawned.timeline, MEASURER)
+    assert "process spawned" in steps and "process forked" not in steps, spawned.timeline.line()
+    assert [str(t.status) for t in spawned.trials] == ["ok", "ok"]
+
+
+def test_a_forked_measuring_process_that_never_starts_is_replaced_by_a_spawned_one(monkeypatch, caplog):
+    """A forked child could inherit a lock that a thread of this process held at the fork; it is never ready.
+    It is killed and a fresh interpreter measures instead, and every later measuring process is spawned."""
+    monkeypatch.delenv(forking.START_ENV, raising=False)
+    monkeypatch.setattr(bench_mod, "_FORK_FAILED", [])
+    monkeypatch.setattr(bench_mod, "FORKED_READY_S", 3.0)
+    monkeypatch.setattr(bench_mod, "start_device", lambda device: time.sleep(3600))  # forked children only
+    with caplog.at_level(logging.WARNING, logger="autotuner.bench"):
+        result = tune()
+    assert [str(t.status) for t in result.trials] == ["ok", "ok"]
+    steps = order_of(result.timeline, MEASURER)
+    assert steps.count("process forked") == 1 and steps.count("process spawned") == 2, steps
+    assert bench_mod._FORK_FAILED and any("not ready within 3 s" in r.getMessage() for r in caplog.records)
+    assert "process forked" not in order_of(tune().timeline, MEASURER)
+
+
+def test_measuring_processes_are_named():
+    proc = bench_mod._spawn({}, "cpu")
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with open(f"/proc/{proc.proc.pid}/comm") as f:
+                if f.read().strip() == bench_mod.MEASURING_PROCESS_NAME:
+                    break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the measuring process never named itself")
+    finally:
+        proc.conn.close()
+        proc.proc.wait(30) if proc.proc.poll() is None else None
+        if proc.proc.poll() is None:
+            proc.proc.kill()
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_fresh_process_forks_its_measuring_process_and_one_that_started_cuda_spawns(tmp_path):
+    """The script's first tune, through the matmul template with target "auto" (so the carver reads the
+    local GPU: ``CUDA("cuda")``), runs before anything started CUDA in it, as a script's or a benchmark's
+    tune does: its measuring process is forked (seen 2026-11-22: reading the GPU through torch started CUDA,
+    and every process was spawned). Loading its winner starts CUDA, so the second is spawned. Both winners
+    are right, and so is every trial's status; the carver's local GPU is what torch reports."""
+    out = run_script(tmp_path, """
+        import json
+        import torch
+        from autotuner import forking
+        from autotuner.job import MEASURER
+        from carver.arch import CUDA
+        from templates import matmul as mm
+
+        problem = mm.MatmulProblem(512, 512, 512)
+        arch = CUDA("cuda")
+        report = {"started_before": forking.cuda_started()}
+        for run in ("first", "second"):
+            r = (mm.MATMUL.tuner(problem, mm.TuneOptions(topk=2, split_k=False, variants=False, cache=False,
+                                                         progress=False, warmup=3, rep=10))
+                 .run(3, 10))
+            a = torch.randn(512, 512, device="cuda", dtype=torch.float16)
+            b = torch.randn(512, 512, device="cuda", dtype=torch.float16)
+            close = torch.allclose(r.kernel(a, b).float(), a.float() @ b.float().T, atol=1e-1, rtol=1e-2)
+            steps = [e.what for e in r.timeline.sorted_events() if e.where == MEASURER]
+            report[run] = {"forked": "process forked" in steps, "spawned": "process spawned" in steps,
+                           "statuses": sorted({str(t.status) for t in r.trials}), "close": close}
+        props = torch.cuda.get_device_properties(0)
+        report["arch"] = [arch.name == props.name, arch.sm_count == props.multi_processor_count,
+                          arch.memory_bytes == props.total_memory]
+        print(json.dumps(report))
+    """, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["started_before"] is False and report["arch"] == [True, True, True], report
+    assert report["first"] == {"forked": True, "spawned": True, "statuses": ["ok"], "close": True}, report
+    assert report["second"] == {"forked": False, "spawned": True, "statuses": ["ok"], "close": True}, report
