@@ -711,11 +711,12 @@ def _spawn(env: dict[str, str], device: str) -> _Process:
     a script that lacks an ``if __name__ == "__main__"`` guard). Either dies with the thread that starts
     it, even if this process is SIGKILLed (:func:`.procs.python_child_argv`, :func:`.forking.fork_child`)."""
     parent, child = multiprocessing.Pipe()
-    spawned = time.time()
-    if forking.can_fork(device) and not _FORK_FAILED:
+    if forking.can_fork(device) and not _FORK_FAILED and forking.nvml_check():
         import tilelang  # noqa: F401 - here first (the plan needs it too): the child has it at once, and the two
-        # do not import it side by side (1 s slower each on an H200 host, 2026-11-22)
-
+        # do not import it side by side (1 s slower each on an H200 host, 2026-11-22). Safe only with torch's
+        # NVML check: TileLang's import asks torch.cuda.is_available(), which otherwise starts CUDA
+    spawned = time.time()
+    if forking.can_fork(device) and not _FORK_FAILED:  # asked again: whatever the import started
         def main() -> None:
             parent.close()  # the child's copy: the parent's close must reach it as EOF
             _serve(child.fileno(), device)

@@ -47,6 +47,19 @@ __all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "local_gpu
 
 #: Environment variable: ``spawn`` starts every measuring process as a fresh interpreter.
 START_ENV = "TILECARVE_MEASURE_START"
+#: torch's switch for ``torch.cuda.is_available()`` and ``device_count()`` to ask NVML rather than the CUDA
+#: runtime, which starts the driver (``cuInit``) and so rules out forking a GPU process afterwards. TileLang
+#: asks ``is_available()`` when imported (``tilelang.utils.device``, ``tvm_ffi``): without it, importing
+#: TileLang starts CUDA (seen on an H200 host, 2026-11-22: every forked child then failed with "CUDA
+#: error: initialization error"). Set here unless the environment sets it: importing tilecarve before
+#: TileLang keeps its measuring processes forkable; imported after, they are spawned.
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+os.environ.setdefault(NVML_CHECK_ENV, "1")
+
+
+def nvml_check() -> bool:
+    """Whether torch's CUDA availability checks ask NVML (:data:`NVML_CHECK_ENV`), so do not start CUDA."""
+    return os.environ.get(NVML_CHECK_ENV) == "1"
 _CUDA_ERROR_NOT_INITIALIZED = 3
 #: Seconds the forked driver query may take before the answer is asked of torch instead.
 QUERY_TIMEOUT_S = 30.0

@@ -4,8 +4,8 @@ TileLang's ``CUDA("cuda")`` needs a physical device and, without one, silently f
 hints with a 48 KB shared-memory limit. Here every built-in GPU is described from its public data sheet,
 so ranking works on a laptop or a CI box; ``CUDA("cuda")`` reads the local device from the CUDA driver
 (``autotuner.forking.local_gpus``: asked in a forked child, so that reading it does not start CUDA in
-this process; lazily: importing this module imports neither torch nor tilelang) and overlays what the driver reports on the
-built-in entry for that model. Users can build a :class:`GPUArch` for a GPU we do not list.
+this process; lazily: importing this module imports neither torch nor tilelang) and overlays what the
+driver reports on the built-in entry for that model. Users can build a :class:`GPUArch` for a GPU we do not list.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
@@ -133,6 +134,16 @@ def tune(**tuning):
             .set_tuning(n_jobs=2, progress=False, cache=False, **tuning).run(1, 3))
 
 
+def test_importing_tilecarve_has_torch_ask_nvml_unless_the_environment_says_otherwise(tmp_path):
+    """TileLang's import asks ``torch.cuda.is_available()``, which starts CUDA unless torch asks NVML."""
+    code = "import os, autotuner; print(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'))"
+    env = {k: v for k, v in os.environ.items() if k != forking.NVML_CHECK_ENV}
+    for preset, want in ((None, "1"), ("0", "0")):
+        run_env = env if preset is None else {**env, forking.NVML_CHECK_ENV: preset}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env, timeout=120)
+        assert out.stdout.strip() == want, (preset, out.stdout, out.stderr)
+
+
 def test_a_tune_forks_its_measuring_process_unless_told_to_spawn(monkeypatch):
     monkeypatch.delenv(forking.START_ENV, raising=False)
     forked = tune()
@@ -190,6 +201,7 @@ def test_on_the_gpu_a_fresh_process_forks_its_measuring_process_and_one_that_sta
         import json
         import torch
         from autotuner import forking
+        import tilelang  # a user's script imports it (after tilecarve): it must not start CUDA
         from autotuner.job import MEASURER
         from carver.arch import CUDA
         from templates import matmul as mm
