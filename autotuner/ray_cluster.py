@@ -110,6 +110,22 @@ def _tilelang_dir() -> str | None:
     return os.path.abspath(locations[0]) if locations else None
 
 
+def _tilelang_owned() -> list[str]:
+    """Where the entries TileLang puts on ``sys.path`` when imported lie: its package directory (an
+    installed wheel: ``3rdparty/tvm/python``, ``lib``), and in a source checkout the checkout's ``build``
+    and ``3rdparty`` directories, and ``TVM_IMPORT_PYTHON_PATH`` when set (``tilelang/env.py``)."""
+    own = _tilelang_dir()
+    if own is None:
+        return []
+    out = [own]
+    root = os.path.dirname(own)
+    if os.path.isdir(os.path.join(root, "3rdparty")) and os.path.isdir(os.path.join(root, "tilelang")):
+        out += [os.path.join(root, "build"), os.path.join(root, "3rdparty")]
+    if os.environ.get("TVM_IMPORT_PYTHON_PATH"):
+        out.append(os.path.abspath(os.environ["TVM_IMPORT_PYTHON_PATH"]))
+    return out
+
+
 def _import_path() -> tuple[list[str], str | None]:
     """This process's import path, made absolute, and its TileLang cache directory setting. Also what
     :func:`run_options` asks a worker of the cluster for. Without the entries inside TileLang's package
@@ -117,9 +133,9 @@ def _import_path() -> tuple[list[str], str | None]:
     and in every worker, which imports it before it compiles or measures, so a run's path does not change
     when this process imports TileLang halfway through the plan (seen 2026-11-22: the warm-ups went to
     Ray's idle workers, then the compiles, asked about again, to 8 new workers importing for 8-10 s)."""
-    own = _tilelang_dir()
+    owned = _tilelang_owned()
     paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-    paths = [p for p in paths if own is None or not p.startswith(own + os.sep)]
+    paths = [p for p in paths if not any(p == o or p.startswith(o + os.sep) for o in owned)]
     return list(dict.fromkeys(paths)), os.environ.get("TILELANG_CACHE_DIR")
 
 

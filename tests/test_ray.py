@@ -381,3 +381,18 @@ def test_the_import_path_asked_about_does_not_change_when_tilelang_is_imported(m
     assert ray_cluster._import_path() == before
     monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
     assert ray_cluster._import_path()[0] == [*before[0], "/elsewhere"]
+
+
+def test_a_source_checkouts_tilelang_paths_are_left_out_too(monkeypatch, tmp_path):
+    """In a source checkout TileLang adds its checkout's build/ and 3rdparty/ directories and
+    TVM_IMPORT_PYTHON_PATH (tilelang/env.py), outside its package directory (found in review)."""
+    root = tmp_path / "tilelang-src"
+    (root / "tilelang").mkdir(parents=True)
+    (root / "3rdparty" / "tvm" / "python").mkdir(parents=True)
+    monkeypatch.setattr(ray_cluster, "_tilelang_dir", lambda: str(root / "tilelang"))
+    monkeypatch.setenv("TVM_IMPORT_PYTHON_PATH", str(tmp_path / "tvm-elsewhere"))
+    monkeypatch.setattr(sys, "path", ["/user/code"])
+    before = ray_cluster._import_path()
+    monkeypatch.setattr(sys, "path", ["/user/code", str(root / "build" / "lib"), str(root / "build" / "tvm"),
+                                      str(root / "3rdparty" / "tvm" / "python"), str(tmp_path / "tvm-elsewhere")])
+    assert ray_cluster._import_path() == before == (["/user/code"], os.environ.get("TILELANG_CACHE_DIR"))
