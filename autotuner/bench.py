@@ -478,7 +478,8 @@ def start_device(device: str) -> list[tuple[float, str]]:
     """What a measuring side can do before it has a job, done at once: on a GPU, create the CUDA context
     (:func:`_create_context`, on a thread: ``"context created"``) while importing torch (``"torch
     imported"``), then torch's CUDA start and the L2 flush buffer (``"device ready"``), then import
-    TileLang (``"tilelang imported"``); the timeline's stamps. A failure is left for the first candidate
+    TileLang (``"tilelang imported"``; before the context is waited for when torch was there already, as
+    in a forked process); the timeline's stamps. A failure is left for the first candidate
     to meet and report."""
     made: list[float] = []
     ctx = threading.Thread(target=_create_context, args=(made,), name="tilecarve-context", daemon=True) \
@@ -488,7 +489,8 @@ def start_device(device: str) -> list[tuple[float, str]]:
     import torch
 
     stamps = [(time.time(), "torch imported")]
-    if ctx is not None and ctx.is_alive():  # torch came at once (a forked process): TileLang while the driver starts
+    early = ctx is not None and ctx.is_alive()  # torch came at once (forked): TileLang while the driver starts
+    if early:
         import tilelang  # noqa: F401
 
         stamps.append((time.time(), "tilelang imported"))
@@ -501,7 +503,7 @@ def start_device(device: str) -> list[tuple[float, str]]:
         except Exception as e:  # noqa: BLE001 - met again, and reported, by the first candidate
             logger.debug("starting the GPU ahead failed: %s", format_error(e))
     stamps.append((time.time(), "device ready"))
-    if not any(what == "tilelang imported" for _, what in stamps):
+    if not early:
         import tilelang  # noqa: F401 - every candidate's load needs it
 
         stamps.append((time.time(), "tilelang imported"))

@@ -63,6 +63,8 @@ os.environ.setdefault(NVML_CHECK_ENV, "1")
 def nvml_check() -> bool:
     """Whether torch's CUDA availability checks ask NVML (:data:`NVML_CHECK_ENV`), so do not start CUDA."""
     return os.environ.get(NVML_CHECK_ENV) == "1"
+
+
 _CUDA_ERROR_NOT_INITIALIZED = 3
 #: Seconds the forked driver query may take before the answer is asked of torch instead.
 QUERY_TIMEOUT_S = 30.0
@@ -172,9 +174,8 @@ def fork_child(main: Callable[[], None], env: dict[str, str], name: str | None =
     """Fork a child, named ``name`` if given (:func:`.procs.name_process`), that runs ``main()`` and exits
     (``os._exit``: none of this process's ``atexit`` handlers, ``finally`` blocks or buffered output run
     twice), dying with the thread that forked it (:func:`.procs.die_with_parent`, as a spawned measuring
-    process does). One fork at a time, never
-    during one of :mod:`.bench`'s ``Popen`` calls (:data:`FORK_LOCK`): a child forked meanwhile would
-    hold the pipe ``Popen`` waits on."""
+    process does). One fork at a time, never during one of :mod:`.bench`'s ``Popen`` calls
+    (:data:`FORK_LOCK`): a child forked meanwhile would hold the pipe ``Popen`` waits on."""
     parent = os.getpid()
     for stream in (sys.stdout, sys.stderr):
         try:
