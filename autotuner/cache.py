@@ -399,6 +399,23 @@ def check_exported_run(run: Any) -> dict[str, Any]:
 _CACHE_FIX = "set TILECARVE_CACHE_DIR to a writable directory, or tune without the database: .set_tuning(cache=False)"
 
 
+def _wal(conn: sqlite3.Connection, deadline: float) -> None:
+    """Put the database in WAL mode. Two processes opening a new file at once can both ask, and SQLite then
+    answers one "database is locked" at once rather than wait (its busy handler is not called where
+    waiting could deadlock; seen in CI, 2026-11-22): ask again until ``deadline``, as the busy timeout
+    would have waited."""
+    delay = 0.01
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+
+
 class TuningDB:
     """A thin, process-safe wrapper over the SQLite file. Open one per tuning run.
 
@@ -436,7 +453,7 @@ class TuningDB:
             check = conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
                 raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {check!r})")
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wal(conn, time.monotonic() + 60.0)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("BEGIN IMMEDIATE")
             for stmt in _SCHEMA.split(";"):
