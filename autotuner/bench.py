@@ -712,30 +712,25 @@ def _spawn(env: dict[str, str], device: str) -> _Process:
     interpreter rather than multiprocessing's spawn, which re-imports the user's ``__main__`` (re-running
     a script that lacks an ``if __name__ == "__main__"`` guard). Either dies with the thread that starts
     it, even if this process is SIGKILLed (:func:`.procs.python_child_argv`, :func:`.forking.fork_child`)."""
+    parent, child = multiprocessing.Pipe()
     if forking.can_fork(device) and not _FORK_FAILED and forking.nvml_check():
         import tilelang  # noqa: F401 - here first (the plan needs it too): the child has it at once, and the two
         # do not import it side by side (1 s slower each on an H200 host, 2026-11-22). Safe only with torch's
         # NVML check: TileLang's import asks torch.cuda.is_available(), which otherwise starts CUDA
     spawned = time.time()
-    with forking.FORK_LOCK:  # no process forked between the pipe's making and the close of our copy of the
-        parent, child = multiprocessing.Pipe()  # child's end holds that end: the child's death would not be seen
-        try:
-            if forking.can_fork(device) and not _FORK_FAILED:  # asked again: whatever the import started
-                def main() -> None:
-                    parent.close()  # the child's copy: the parent's close must reach it as EOF
-                    _serve(child.fileno(), device)
+    if forking.can_fork(device) and not _FORK_FAILED:  # asked again: whatever the import started
+        def main() -> None:
+            parent.close()  # the child's copy: the parent's close must reach it as EOF
+            _serve(child.fileno(), device)
 
-                proc: Any = forking.fork_child(main, env, MEASURING_PROCESS_NAME)
-            else:
-                full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
-                code = f"from autotuner.bench import _serve; _serve({child.fileno()}, {device!r})"
-                proc = subprocess.Popen(procs.python_child_argv(code), pass_fds=[child.fileno()], env=full,
-                                        stdin=subprocess.DEVNULL)
-        except BaseException:
-            parent.close()
-            raise
-        finally:
-            child.close()
+        proc: Any = forking.fork_child(main, env, MEASURING_PROCESS_NAME)
+    else:
+        full = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **env}
+        with forking.FORK_LOCK:  # see forking.fork_child
+            proc = subprocess.Popen(
+                procs.python_child_argv(f"from autotuner.bench import _serve; _serve({child.fileno()}, {device!r})"),
+                pass_fds=[child.fileno()], env=full, stdin=subprocess.DEVNULL)
+    child.close()
     return _Process(proc, parent, spawned)
 
 

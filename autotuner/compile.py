@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import forking, procs
+from . import procs
 from .config import merge_pass_configs, split_config
 from .settings import resolve_out_idx
 from .trial import Status, format_error
@@ -336,24 +336,23 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
     workdir = procs.make_compile_dir(scratch)
     me = os.getpid()
     t0 = time.perf_counter()
-    with forking.FORK_LOCK:  # in the tuning process (one compile slot) a measuring process forked before
-        rfd, wfd = os.pipe()  # wfd is closed here would hold it, and the result's EOF would never come
-        try:
-            pid = os.fork()
-        except BaseException:
-            os.close(rfd)
-            os.close(wfd)
-            procs.remove_tree(workdir)
-            raise
-        if pid == 0:  # child
-            os.close(rfd)
-            _child_compile(payload, glb, config, target_spec, pass_configs, wfd, workdir, me)
+    rfd, wfd = os.pipe()
+    try:
+        pid = os.fork()
+    except BaseException:
+        os.close(rfd)
         os.close(wfd)
+        procs.remove_tree(workdir)
+        raise
+    if pid == 0:  # child
+        os.close(rfd)
+        _child_compile(payload, glb, config, target_spec, pass_configs, wfd, workdir, me)
     procs.track(pid, workdir)  # a worker's SIGTERM handler kills it and removes workdir
     chunks: list[bytes] = []
     timed_out = False
     wstatus = 0
     try:
+        os.close(wfd)
         deadline = t0 + timeout
         with selectors.DefaultSelector() as sel:
             sel.register(rfd, selectors.EVENT_READ)

@@ -68,10 +68,7 @@ def nvml_check() -> bool:
 _CUDA_ERROR_NOT_INITIALIZED = 3
 #: Seconds the forked driver query may take before the answer is asked of torch instead.
 QUERY_TIMEOUT_S = 30.0
-#: Held by every fork and by each step that must not have a fork inside it: a pipe made, handed to a child,
-#: and this side's copy of the child's end closed (the child's EOF, or this side's, would never come while
-#: a process forked in between holds a copy); re-entrant, so such a step can call :func:`fork_child`.
-FORK_LOCK = threading.RLock()
+FORK_LOCK = threading.Lock()  # one fork (and one Popen of bench.py's) at a time: see fork_child
 
 
 @functools.cache
@@ -110,37 +107,20 @@ def can_fork(device: str) -> bool:
     return device != "cuda" or not cuda_started()
 
 
-def _handled_signals() -> set[signal.Signals]:
-    """The signals this process handles in Python (its handler would run in a forked child until
-    :func:`_reset_child` resets it)."""
-    out = set()
-    for sig in signal.valid_signals():
-        try:
-            if callable(signal.getsignal(sig)):
-                out.add(sig)
-        except (OSError, ValueError, TypeError):
-            pass
-    return out
-
-
 def _reset_child(env: dict[str, str]) -> None:
     """In a forked child, first thing: nothing of this process's run belongs to it (the compile children
     it tracks, its signal handlers, asyncio's wakeup fd, a notebook's stdout); ``env`` is added to its
     environment (``CUDA_VISIBLE_DEVICES``: read when the child starts the driver)."""
     procs.forget_tracked()
     signal.set_wakeup_fd(-1)
-    for sig in _handled_signals():
+    for sig in signal.valid_signals():
         try:
-            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
         except (OSError, ValueError, TypeError):
             pass
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
     os.environ.update(env)
-    tqdm_std = sys.modules.get("tqdm.std")
-    if tqdm_std is not None:  # tqdm's write lock (TileLang logs through tqdm.write) may have been held by another
-        lock_type = tqdm_std.TqdmDefaultWriteLock  # thread at the fork, and its process-shared half is the
-        lock_type.th_lock, lock_type.mp_lock = threading.RLock(), None  # parent's: a lock of this process's own
-        tqdm_std.tqdm.set_lock(lock_type())
     torch = sys.modules.get("torch")
     if torch is not None:  # OpenMP's thread team (libgomp: torch's and MKL's CPU ops) is not fork-safe: a
         torch.set_num_threads(1)  # parallel region begun here would hang or crash; one thread begins none
@@ -160,19 +140,17 @@ class ForkedProcess:
         self.pid = pid
         self.returncode: int | None = None
         self.args = f"forked measuring process {pid}"
-        self._waitpid_lock = threading.Lock()  # one waitpid at a time (a reaper thread and abort), as Popen's
 
     def poll(self) -> int | None:
-        with self._waitpid_lock:
-            if self.returncode is None:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): gone, its code unknown; 0 as Popen
-                    self.returncode = 0
-                    return self.returncode
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-            return self.returncode
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (SIGCHLD ignored): gone, its code unknown
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.monotonic() + timeout
@@ -206,18 +184,9 @@ def fork_child(main: Callable[[], None], env: dict[str, str], name: str | None =
             pass
     with FORK_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()": see the module doc
-        # none of this process's Python signal handlers runs in the child before its reset (a SIGTERM handler
-        # that kills the compile children this process tracks, say); only those: blocking every signal here
-        # (the real-time ones runtimes use among them) went with crashed compile children in CI, 2026-11-22
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _handled_signals())
-        try:
-            pid = os.fork()
-        except BaseException:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            raise
-        if pid:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            return ForkedProcess(pid)
+        pid = os.fork()
+    if pid:
+        return ForkedProcess(pid)
     code = 1
     try:
         if name is not None:
@@ -274,20 +243,19 @@ def _driver_facts() -> list[dict[str, Any]]:
 def _query_forked() -> list[dict[str, Any]] | None:
     """:func:`_driver_facts` asked of a forked child, which starts the driver in its place; ``None`` when
     it did not answer within :data:`QUERY_TIMEOUT_S`."""
-    with FORK_LOCK:  # no other child gets a copy of w: its EOF ends the answer
-        r, w = os.pipe()
+    r, w = os.pipe()
 
-        def answer() -> None:
-            os.close(r)
-            os.write(w, json.dumps(_driver_facts()).encode())
+    def answer() -> None:
+        os.close(r)
+        os.write(w, json.dumps(_driver_facts()).encode())
 
-        try:
-            child = fork_child(answer, {}, "tilecarve-query")
-        except BaseException:
-            os.close(w)
-            os.close(r)
-            raise
+    try:
+        child = fork_child(answer, {}, "tilecarve-query")
+    except BaseException:
         os.close(w)
+        os.close(r)
+        raise
+    os.close(w)
     data, end = b"", time.monotonic() + QUERY_TIMEOUT_S
     try:
         while True:

@@ -82,39 +82,6 @@ def test_a_forked_child_that_fails_or_hangs_is_handled_as_a_popen():
     assert slow.wait(10) == -9
 
 
-def test_a_forked_child_is_not_blocked_by_tqdms_lock_held_by_another_thread(tmp_path):
-    """tqdm's write lock (TileLang logs through tqdm.write) held by another thread at the fork: the child writes
-    with a lock of its own, and the parent's lock is free again once that thread lets go."""
-    out = run_script(tmp_path, """
-        import threading, time
-        import tqdm
-        from autotuner import forking
-        lock, held = tqdm.tqdm.get_lock(), threading.Event()
-
-        def hold():
-            with lock:
-                held.set()
-                time.sleep(3)
-
-        threading.Thread(target=hold).start()
-        held.wait()
-        code = forking.fork_child(lambda: tqdm.tqdm.write("child wrote"), {}).wait(20)
-        time.sleep(3.5)
-        print("code", code, "free", tqdm.tqdm.get_lock().locks[0].acquire(timeout=5))
-    """)
-    assert out.returncode == 0 and "child wrote" in out.stdout and "code 0 free True" in out.stdout, out
-
-
-def test_a_child_reaped_elsewhere_reads_as_popen_reads_it(tmp_path):
-    out = run_script(tmp_path, """
-        import signal
-        from autotuner import forking
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps children: no exit code to read
-        print("code", forking.fork_child(lambda: None, {}).wait(20))
-    """)
-    assert out.returncode == 0 and "code 0" in out.stdout, out
-
-
 def test_cuda_started_asks_the_driver_when_torch_has_not(monkeypatch):
     class Driver:  # cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit
         answer = 3
