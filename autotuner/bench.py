@@ -48,6 +48,7 @@ from .compile import (
     elaborate_config,
     kernel_globals,
     kernel_sources,
+    load_prim,
     restore_globals,
     seed_linecache,
 )
@@ -154,7 +155,8 @@ class Measurer(Protocol):
     """What a tuning job asks of the measuring side, in this process (:class:`Benches`) or isolated
     (:class:`IsolatedBench`, :class:`.devices.DevicePool`). ``sid`` names one of the job's specs."""
 
-    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial: ...
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
+                prim: bytes | None = None) -> Trial: ...
 
     def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None: ...
 
@@ -300,10 +302,13 @@ class Bench:
         return time_callable(lambda: jit(*case.args), t.warmup, t.rep, self.spec.device, mode=mode,
                              backend=t.timing_backend, sustain_s=t.sustain_s, prepare=prepare)
 
-    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+    def measure(self, index: int, cfg: dict[str, Any], compile_s: float | None, prim: bytes | None = None) -> Trial:
+        """Load ``cfg``'s kernel (compiled already: a disk-cache hit), check it, time it. ``prim``: the
+        PrimFunc its compile built (:attr:`.compile.CompileOutcome.prim`), loaded rather than elaborated
+        again; what is checked and timed, and hashed for the winner's check, is that PrimFunc's kernel."""
         s = self.spec
         try:
-            jit = build(s.kernel, cfg, s.target_spec, s.pass_configs)
+            jit = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
             return Trial(cfg, Status.COMPILE_ERROR, "load after compile failed: " + format_error(e), compile_s)
         if not self._loaded:  # the first kernel: what its load costs, apart from the inputs
@@ -402,8 +407,9 @@ class Benches:
             b.stamps = []
         return sorted(out)
 
-    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
-        return self.bench(sid).measure(index, cfg, compile_s)
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
+                prim: bytes | None = None) -> Trial:
+        return self.bench(sid).measure(index, cfg, compile_s, prim)
 
     def elaborate(self, sid: int, config: dict[str, Any]) -> bool:
         """:meth:`Bench.elaborate` ahead of spec ``sid``'s first candidate (:meth:`ahead` says how)."""
@@ -644,8 +650,9 @@ class ServedBench:
         """Whether the other side is up (a request that only frees memory need not start it)."""
         return True
 
-    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
-        tag, reply = self._call(("measure", sid, index, cfg, compile_s), self.run_timeout)
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
+                prim: bytes | None = None) -> Trial:
+        tag, reply = self._call(("measure", sid, index, cfg, compile_s, prim), self.run_timeout)
         if tag == "ok":
             trial, phash, stamps = reply
             self._stamps += stamps

@@ -36,7 +36,7 @@ import signal
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import procs
@@ -45,8 +45,8 @@ from .settings import resolve_out_idx
 from .trial import Status, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
-           "compile_task", "elaborate_config", "kernel_globals", "kernel_sources", "restore_globals", "seed_linecache",
-           "terminate_pool", "tl_compile", "warm_worker"]
+           "compile_task", "dump_prim", "elaborate_config", "kernel_globals", "kernel_sources", "load_prim",
+           "restore_globals", "seed_linecache", "terminate_pool", "tl_compile", "warm_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ class CompileOutcome:
     error: str | None
     seconds: float
     batch: int = 0  # which of compile_many's batches it belongs to
+    #: The PrimFunc the compile built, pickled (:func:`dump_prim`), so the measuring side loads the kernel
+    #: without elaborating the config again; ``None`` when the compile failed or the PrimFunc did not pickle
+    prim: bytes | None = field(default=None, repr=False)
 
 
 def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None,
@@ -100,11 +103,36 @@ def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
 
 
 def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,
-          pass_configs: dict[str, Any] | None = None) -> Any:
+          pass_configs: dict[str, Any] | None = None, prim: Any = None) -> Any:
     """Elaborate ``kernel`` for ``config`` and compile it with :func:`tl_compile` (a disk-cache hit
-    after the first time). A config's own ``pass_configs`` go to the compiler, not to the kernel."""
-    return tl_compile(elaborate_config(kernel, config), target_spec,
-                      merge_pass_configs(pass_configs, split_config(config)[1]))
+    after the first time). A config's own ``pass_configs`` go to the compiler, not to the kernel.
+    ``prim``: the PrimFunc ``config`` elaborated to where that was done already (a compile worker's,
+    :func:`load_prim`); the same call then, without the 15-25 ms a GEMM's elaboration takes."""
+    func = elaborate_config(kernel, config) if prim is None else prim
+    return tl_compile(func, target_spec, merge_pass_configs(pass_configs, split_config(config)[1]))
+
+
+def dump_prim(func: Any) -> bytes | None:
+    """``func`` (a PrimFunc) pickled, as TVM pickles its objects (its JSON form); ``None`` if it does not
+    pickle. Loaded, it prints the same script, so TileLang's cache key, and its disk-cache hit, are the same."""
+    import pickle
+
+    try:
+        return pickle.dumps(func)
+    except Exception:  # noqa: BLE001 - the measuring side then elaborates the config itself, as before
+        return None
+
+
+def load_prim(blob: bytes | None) -> Any:
+    """The PrimFunc :func:`dump_prim` pickled, or ``None`` (no blob, or one that does not load)."""
+    import pickle
+
+    if blob is None:
+        return None
+    try:
+        return pickle.loads(blob)
+    except Exception:  # noqa: BLE001 - as above: elaborate instead
+        return None
 
 
 def _code_filenames(code: types.CodeType, out: set[str]) -> None:
@@ -248,7 +276,7 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
     """Runs in the compiler process (the compile child's child): build, report through ``wfd``."""
     import pickle
 
-    status, err = Status.OK, None
+    status, err, prim = Status.OK, None, None
     try:
         procs.die_with_parent(leader, signal.SIGKILL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -266,12 +294,14 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
         multiprocessing.set_start_method("fork", force=True)
         kernel = cloudpickle_module().loads(payload)
         restore_globals(kernel, glb)
-        build(kernel, config, target_spec, pass_configs)
+        func = elaborate_config(kernel, config)
+        build(kernel, config, target_spec, pass_configs, prim=func)
+        prim = dump_prim(func)
     except BaseException as e:  # noqa: BLE001 - any failure of the user's kernel or the compiler is a result
         status = Status.COMPILE_ERROR
         err = format_error(e)  # the message whole, the traceback cut: the message names the fault
     try:
-        _write_all(wfd, pickle.dumps((status, err)))
+        _write_all(wfd, pickle.dumps((status, err, prim)))
     finally:
         os._exit(0)
 
@@ -380,11 +410,11 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
         return CompileOutcome(index, Status.TIMEOUT, f"compile exceeded compile_timeout={timeout:g} s; killed", seconds)
     if chunks:
         try:
-            status, err = pickle.loads(b"".join(chunks))
-        except (pickle.UnpicklingError, EOFError):
+            status, err, *prim = pickle.loads(b"".join(chunks))  # (status, err) from the compile child itself
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
             why = "compiler process died while writing its result"
             return CompileOutcome(index, Status.COMPILE_ERROR, why, seconds)
-        return CompileOutcome(index, status, err, seconds)
+        return CompileOutcome(index, status, err, seconds, prim=prim[0] if prim and status == Status.OK else None)
     if os.WIFSIGNALED(wstatus):
         why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
     else:

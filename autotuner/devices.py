@@ -254,11 +254,12 @@ class DevicePool:
                     return self._shared.popleft()
                 self._cond.wait()
 
-    def submit(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Future:
+    def submit(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
+               prim: bytes | None = None) -> Future:
         """Measure ``cfg`` on the next free device; the future's result is the trial, carrying its
         device's label."""
         def job(w: _Worker) -> Trial:
-            trial = self.timeline.measure(w.device.label, w.bench, sid, index, cfg, compile_s)
+            trial = self.timeline.measure(w.device.label, w.bench, sid, index, cfg, compile_s, prim)
             self._measured_on[sid, index] = w
             w.measured += 1
             return replace(trial, device=w.device.label)
@@ -273,9 +274,10 @@ class DevicePool:
             self._cond.notify()
         return fut
 
-    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None) -> Trial:
+    def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
+                prim: bytes | None = None) -> Trial:
         """:meth:`submit` and wait: one candidate on the next free device."""
-        return self.submit(sid, index, cfg, compile_s).result()
+        return self.submit(sid, index, cfg, compile_s, prim).result()
 
     def _on(self, worker: _Worker | None, fn: Callable[[_Worker], Any]) -> Future:
         """Run ``fn`` on ``worker``'s thread, before anything from the shared queue; ``None``: on the first

@@ -258,11 +258,11 @@ class _Job:
                 if out.status != Status.OK:
                     r.record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds), bench)
                 elif isinstance(bench, DevicePool):  # the next free device measures it
-                    pending[bench.submit(r.sid, out.index, cfg, out.seconds)] = (r, out.index)
+                    pending[bench.submit(r.sid, out.index, cfg, out.seconds, out.prim)] = (r, out.index)
                     self._collect(bench, pending, block=False)
                 else:
                     r.measured(out.index, functools.partial(self.timeline.measure, MEASURER, bench, r.sid,
-                                                            out.index, cfg, out.seconds), bench)
+                                                            out.index, cfg, out.seconds, out.prim), bench)
                 if any(x.outcome is not None for x in runs) and all(x.outcome is not None or x.left == 0
                                                                      for x in runs):
                     break  # what is left in the pool belongs to failed plans: stop it

@@ -255,11 +255,11 @@ def test_an_interrupted_run_resumes_without_measuring_again(monkeypatch):
     real_measure = bench_mod.Bench.measure
     calls = []
 
-    def interrupted(self, index, cfg, compile_s):
+    def interrupted(self, index, cfg, compile_s, prim=None):
         calls.append(index)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the user's Ctrl-C, after one candidate was measured
-        return real_measure(self, index, cfg, compile_s)
+        return real_measure(self, index, cfg, compile_s, prim)
 
     def run():
         return (AutoTuner.from_kernel(add, configs).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")

@@ -43,10 +43,10 @@ def counted(monkeypatch):
         key = (bench.spec.kernel.keywords["M"], bench.spec.kernel.keywords["N"])
         seen.events.append((what, key, sum(bool(b._cases) for b in seen.benches)))
 
-    def measure(self, index, cfg, compile_s):
+    def measure(self, index, cfg, compile_s, prim=None):
         if seen.stop_after is not None and len(seen.measured) == seen.stop_after:
             raise KeyboardInterrupt  # the user's Ctrl-C in the middle of the job
-        trial = real_measure(self, index, cfg, compile_s)  # really loaded and checked
+        trial = real_measure(self, index, cfg, compile_s, prim)  # really loaded and checked
         seen.measured.append((self.spec.kernel.keywords["M"], self.spec.kernel.keywords["N"], index))
         event(self, "measure")
         if trial.status != Status.OK:

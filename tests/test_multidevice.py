@@ -217,7 +217,7 @@ class FakeBench:
         if self.index in self.lost:
             raise DeviceLost(f"node of device {self.index} gone")
 
-    def measure(self, sid, index, cfg, compile_s):
+    def measure(self, sid, index, cfg, compile_s, prim=None):
         self._check()
         time.sleep(0.02)  # the other device takes jobs meanwhile
         return Trial(cfg, Status.OK, None, compile_s, 1.0 + index, 1.0, 0.0)

@@ -401,8 +401,8 @@ def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_the
     order: list[int] = []
     real_measure = bench_mod.Bench.measure
 
-    def fake_measure(self, index, cfg, compile_s):  # all equally fast in the first pass
-        t = real_measure(self, index, cfg, compile_s)
+    def fake_measure(self, index, cfg, compile_s, prim=None):  # all equally fast in the first pass
+        t = real_measure(self, index, cfg, compile_s, prim)
         return Trial(t.config, t.status, t.error, t.compile_s, 1.0, 1.0, 0.0)
 
     def fake_retime(self, index, cfg):  # in rounds, config 2 is the fastest
@@ -437,8 +437,8 @@ def test_the_three_fastest_are_finalists_even_when_one_timing_leads_by_more_than
     real_measure = bench_mod.Bench.measure
     retimed: list[int] = []
 
-    def fake_measure(self, index, cfg, compile_s):
-        t = real_measure(self, index, cfg, compile_s)
+    def fake_measure(self, index, cfg, compile_s, prim=None):
+        t = real_measure(self, index, cfg, compile_s, prim)
         return Trial(t.config, t.status, t.error, t.compile_s, first[index], first[index], 0.0)
 
     def fake_retime(self, index, cfg):
