@@ -240,29 +240,9 @@ def _driver_facts() -> list[dict[str, Any]]:
     return out
 
 
-def _import_tilelang_meanwhile() -> None:
-    """Import TileLang on a thread of its own, holding :data:`FORK_LOCK` (no child of this process is forked
-    while its import is half done), where that does not start CUDA (:func:`nvml_check`): while the forked
-    driver query answers (0.27 s on an H200 host, 2026-11-23), the tuning that asked will import TileLang
-    anyway (2.1 s there), and its measuring processes are forked only after that import. A failed import
-    is left to the caller's own ``import tilelang`` to raise."""
-    if "tilelang" in sys.modules or not nvml_check():
-        return
-
-    def run() -> None:
-        with FORK_LOCK:
-            try:
-                import tilelang  # noqa: F401
-            except Exception:  # noqa: BLE001, S110 - raised again where the caller imports it
-                pass
-
-    threading.Thread(target=run, name="tilecarve-import-tilelang", daemon=True).start()
-
-
-def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str, Any]] | None:
+def _query_forked() -> list[dict[str, Any]] | None:
     """:func:`_driver_facts` asked of a forked child, which starts the driver in its place; ``None`` when
-    it did not answer within :data:`QUERY_TIMEOUT_S`.
-    ``meanwhile()``, when given, runs once the child is forked, while it answers."""
+    it did not answer within :data:`QUERY_TIMEOUT_S`."""
     r, w = os.pipe()
 
     def answer() -> None:
@@ -276,8 +256,6 @@ def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str,
         os.close(r)
         raise
     os.close(w)
-    if meanwhile is not None:
-        meanwhile()
     data, end = b"", time.monotonic() + QUERY_TIMEOUT_S
     try:
         while True:
@@ -311,20 +289,18 @@ def _torch_facts() -> list[dict[str, Any]]:
 _FACTS: dict[str | None, list[dict[str, Any]]] = {}
 
 
-def local_gpus(prefetch_tilelang: bool = False) -> list[dict[str, Any]]:
+def local_gpus() -> list[dict[str, Any]]:
     """The GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applied), in torch's order: ``name`` (as
     ``torch.cuda.get_device_name``), ``capability`` (``[major, minor]``) and, under the names
     ``torch.cuda.get_device_properties`` gives them, ``total_memory`` and :data:`_ATTRIBUTES` (from torch,
     those its properties have). Asked once per setting of
     ``CUDA_VISIBLE_DEVICES``; without starting CUDA here (a forked child asks the driver) unless it is
-    started already or no child can be forked, so that the measuring processes can still be forked.
-    ``prefetch_tilelang`` (a caller about to tune or compile): import TileLang meanwhile, on a thread
-    (:func:`_import_tilelang_meanwhile`)."""
+    started already or no child can be forked, so that the measuring processes can still be forked."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible not in _FACTS:
         facts = None
         if sys.platform.startswith("linux") and not cuda_started() and _libcuda() is not None:
-            facts = _query_forked(_import_tilelang_meanwhile if prefetch_tilelang else None)
+            facts = _query_forked()
             if facts is None:
                 logger.warning("the CUDA driver did not describe the GPUs within %g s; asking torch, which starts "
                                "CUDA in this process, so its measuring processes are spawned, not forked",
