@@ -21,7 +21,9 @@ Each tuning arm's JSON has the job's ``timeline`` (autotuner/timeline.py): ``eve
 ``[t, what, where]``, t in seconds since the plan started, and per device ``measured``, ``ready_s``,
 ``busy_s``, ``idle_s``, ``first_s``, ``last_s``; ``before_plan_s`` is the wall time outside the job's
 timeline (building the tuner, ``tuner_built_s`` of it, and returning after the job's end); ``compile_s``
-summarises each candidate's compile seconds as its task measured
+summarises each candidate's compile seconds as its task measured; ``trials`` lists each measured
+candidate as ``[config, device, median ms, rounds]`` (``rounds`` set for the finalists, whose device is
+then the one they were re-timed on)
 them. The log prints each arm's key events on one line. The Ray arm also leaves Ray's own trace of every
 task and actor call beside ``--out`` (``<out>.ray-warm.ray-trace.json``, for chrome://tracing).
 
@@ -104,7 +106,14 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
             "phases": {k: round(v, 2) for k, v in r.phases.items()},
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device,
             "compile_s": quantiles([t.compile_s for t in r.trials if t.compile_s is not None]),
-            "timeline": timeline, "before_plan_s": round(wall - end, 2), "tuner_built_s": round(built, 2)}
+            "timeline": timeline, "before_plan_s": round(wall - end, 2), "tuner_built_s": round(built, 2),
+            "trials": [[short(t.config), t.device, t.median_ms, t.rounds] for t in r.trials if t.median_ms]}
+
+
+def short(cfg: dict[str, Any]) -> str:
+    """A config in one word: ``128x256x64s3t256r`` (``r``: rasterized)."""
+    return (f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']}s{cfg['num_stages']}t{cfg['thread_num']}"
+            + ("r" if cfg.get("enable_rasterization") else ""))
 
 
 def gpus(torch: Any) -> dict[str, Any]:
