@@ -55,7 +55,7 @@ from .timeline import Timeline
 from .trial import STATUSES, Status, Trial, error_headline
 from .tuner import AutoTuner, Plan, TuneResult
 
-__all__ = ["choose_finalists", "raise_errors", "tune_all"]
+__all__ = ["raise_errors", "tune_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,35 +64,6 @@ logger = logging.getLogger(__name__)
 #: before): on an H200 (2026-11-22, benchmarks/data/model-mlp-2026-11-22d-h200) a candidate timed
 #: 1471.5 us was left out of rounds that then timed both finalists at 1485 and 1502 us.
 MIN_FINALISTS = 3
-
-#: A device's own fastest is the yardstick for its candidates only when it measured this many (see
-#: :func:`choose_finalists`); one that measured fewer (lost early) is judged against the fastest of all.
-MIN_PER_DEVICE = 8
-
-
-def choose_finalists(measured: list[tuple[int, float, str | None]], margin: float, most: int) -> list[int]:
-    """The candidates to re-time in rounds, from ``(index, first-pass median, device)``: those within
-    ``margin`` of the fastest, at least :data:`MIN_FINALISTS` and at most ``most``, the nearest first.
-
-    Candidates measured on several devices are each compared with the fastest *their own device* measured:
-    two GPUs of one model differ in clock by a percent or two, more than what separates the best configs
-    of a large grid, so against one global fastest the candidates of the slower GPU would fall behind those
-    of the faster one, outside the margin or past ``most``, whatever their speed (two H200s, 2026-11-23: a
-    config 1.1% slower side by side won twice because the faster one was not re-timed). Each device
-    measures a share of the candidates at random, so its own fastest stands for the best at its clock."""
-    if not measured:
-        return []
-    best_of_all = min(ms for _, ms, _ in measured)
-    count: dict[str | None, int] = {}
-    best: dict[str | None, float] = {}
-    for _, ms, dev in measured:
-        count[dev] = count.get(dev, 0) + 1
-        best[dev] = min(ms, best.get(dev, ms))
-    ratio = {i: ms / (best[dev] if count[dev] >= MIN_PER_DEVICE else best_of_all) for i, ms, dev in measured}
-    ranked = sorted(ratio, key=lambda i: (ratio[i], i))
-    within = [i for i in ranked if ratio[i] <= 1 + margin]
-    return (within if len(within) >= MIN_FINALISTS else ranked[:MIN_FINALISTS])[:most]
-
 
 #: The run settings a job shares (one pool, one measuring side); plans that differ go in separate jobs.
 _SHARED = ("n_jobs", "backend", "isolate", "run_timeout", "devices", "allow_mixed_devices")
@@ -460,17 +431,18 @@ class _PlanRun:
                                    self.job.timeline)
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
-        """Re-time every candidate within ``finalist_margin`` of the fastest (of its device:
-        :func:`choose_finalists`), and at least the :data:`MIN_FINALISTS` fastest, in interleaved rounds
-        (each round times each finalist once, in a rotated order), so that drift in clocks or load between
-        two candidates' measurements cannot decide the pick. Returns the finalists that survived."""
+        """Re-time every candidate within ``finalist_margin`` of the fastest, and at least the
+        :data:`MIN_FINALISTS` fastest, in interleaved rounds (each round times each finalist once, in a
+        rotated order), so that drift in clocks or load between two candidates' measurements cannot
+        decide the pick. Returns the finalists that survived."""
         t, trials = self.plan.spec.timing, self.trials
         ok = sorted((i for i, tr in enumerate(trials) if tr is not None and tr.status == Status.OK),
                     key=lambda i: trials[i].median_ms)
         if not ok or len(ok) < 2 and t.finalist_mode == "burst":
             return ok
-        finalists = choose_finalists([(i, trials[i].median_ms, trials[i].device) for i in ok], t.finalist_margin,
-                                     t.max_finalists)
+        fastest = trials[ok[0]].median_ms
+        finalists = [i for i in ok if trials[i].median_ms <= fastest * (1 + t.finalist_margin)]
+        finalists = (finalists if len(finalists) >= MIN_FINALISTS else ok[:MIN_FINALISTS])[: t.max_finalists]
         rounds: dict[int, list[Any]] = {i: [] for i in finalists}
         on = bench.finalist_device if isinstance(bench, DevicePool) else None  # every finalist on one device
         for r in range(t.finalist_rounds):

@@ -328,25 +328,3 @@ def test_a_matmul_tuned_on_every_gpu_is_measured_on_each():
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     torch.testing.assert_close(result.kernel(a, b).float(), (a @ b.T).float(), atol=1.0, rtol=1e-2)
 
-
-def test_finalists_are_chosen_against_the_fastest_of_their_own_device():
-    """Two GPUs of one model differ in clock: here device 1 reads every kernel 2% slower. Against the fastest
-    of all, its best candidate (index 1, truly the fastest) would be past ``most`` behind device 0's crowd;
-    against its own device's fastest, it is a finalist, and the rounds on one device decide."""
-    from autotuner.job import MIN_FINALISTS, choose_finalists
-
-    true_ms = {i: 1.0 + 0.001 * i for i in range(40)}
-    measured = [(i, true_ms[i] * (1.02 if i % 2 else 1.0), f"cuda:{i % 2}") for i in range(40)]
-    picked = choose_finalists(measured, margin=0.03, most=8)
-    assert 1 in picked and 0 in picked and len(picked) == 8, picked
-    assert {i % 2 for i in picked} == {0, 1}  # both devices' nearest, interleaved by their own yardstick
-    global_only = sorted(measured, key=lambda m: m[1])[:8]  # what one global fastest would have re-timed
-    assert 1 not in [i for i, _, _ in global_only]
-    # one device: as before, the fastest first, within the margin, at least MIN_FINALISTS
-    one = [(i, 1.0 + 0.05 * i, None) for i in range(6)]
-    assert choose_finalists(one, 0.03, 8) == list(range(MIN_FINALISTS))
-    assert choose_finalists([(i, 1.0 + 0.01 * i, None) for i in range(12)], 0.03, 8) == [0, 1, 2, 3]
-    # a device that measured only a few (lost early) is judged against the fastest of all
-    few = [(i, 1.0 + 0.001 * i, "cuda:0") for i in range(20)] + [(100, 1.5, "cuda:1"), (101, 1.6, "cuda:1")]
-    assert 100 not in choose_finalists(few, 0.03, 8)
-    assert choose_finalists([], 0.03, 8) == []
