@@ -240,14 +240,35 @@ def _driver_facts() -> list[dict[str, Any]]:
     return out
 
 
-def _query_forked() -> list[dict[str, Any]] | None:
+def _import_tilelang_meanwhile() -> None:
+    """Import TileLang here while the forked driver query answers (0.26-0.33 s on an H200 host, 2026-11-23),
+    for a caller that compiles or tunes next and so imports it anyway (1.3-2.1 s there) before it can fork
+    its measuring processes: the two waits overlap. In this thread: importing on another one let a
+    concurrent import on the main thread see a half-imported TVM (11642e5, reverted). Only where the import
+    does not start CUDA (:func:`nvml_check`), and not in a process that has imported Ray, whose plan starts
+    its measuring actors before this process imports TileLang. A failed import is left to the caller's own
+    ``import tilelang`` to raise."""
+    if "tilelang" in sys.modules or "ray" in sys.modules or not nvml_check():
+        return
+    try:
+        import tilelang  # noqa: F401
+    except Exception:  # noqa: BLE001, S110 - raised again where the caller imports it
+        pass
+
+
+def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str, Any]] | None:
     """:func:`_driver_facts` asked of a forked child, which starts the driver in its place; ``None`` when
-    it did not answer within :data:`QUERY_TIMEOUT_S`."""
+    it did not answer within :data:`QUERY_TIMEOUT_S`. ``meanwhile()``, when given, runs while it answers.
+    The child closes its end once the answer is written, so the answer is read without waiting for its
+    exit (the driver's teardown: tens of ms), which a thread then reaps."""
     r, w = os.pipe()
 
     def answer() -> None:
         os.close(r)
-        os.write(w, json.dumps(_driver_facts()).encode())
+        view = memoryview(json.dumps(_driver_facts()).encode())
+        while view:
+            view = view[os.write(w, view):]
+        os.close(w)  # whole: the end of the answer is here, not at the exit
 
     try:
         child = fork_child(answer, {}, "tilecarve-query")
@@ -256,12 +277,15 @@ def _query_forked() -> list[dict[str, Any]] | None:
         os.close(r)
         raise
     os.close(w)
+    if meanwhile is not None:
+        meanwhile()
     data, end = b"", time.monotonic() + QUERY_TIMEOUT_S
     try:
         while True:
             ready, _, _ = select.select([r], [], [], max(0.0, end - time.monotonic()))
             if not ready:
                 child.kill()
+                child.wait(10)
                 return None
             chunk = os.read(r, 65536)
             if not chunk:
@@ -269,8 +293,15 @@ def _query_forked() -> list[dict[str, Any]] | None:
             data += chunk
     finally:
         os.close(r)
-        child.wait(10) if child.poll() is None else None
-    return json.loads(data) if child.returncode == 0 and data else None
+    try:
+        facts = json.loads(data) if data else None
+    except ValueError:  # cut short: it died while writing
+        facts = None
+    if isinstance(facts, list):
+        threading.Thread(target=child.wait, name="tilecarve-reap", daemon=True).start()
+        return facts
+    child.wait(10) if child.poll() is None else None
+    return None
 
 
 def _torch_facts() -> list[dict[str, Any]]:
@@ -289,18 +320,20 @@ def _torch_facts() -> list[dict[str, Any]]:
 _FACTS: dict[str | None, list[dict[str, Any]]] = {}
 
 
-def local_gpus() -> list[dict[str, Any]]:
+def local_gpus(prefetch_tilelang: bool = False) -> list[dict[str, Any]]:
     """The GPUs this process sees (``CUDA_VISIBLE_DEVICES`` applied), in torch's order: ``name`` (as
     ``torch.cuda.get_device_name``), ``capability`` (``[major, minor]``) and, under the names
     ``torch.cuda.get_device_properties`` gives them, ``total_memory`` and :data:`_ATTRIBUTES` (from torch,
     those its properties have). Asked once per setting of
     ``CUDA_VISIBLE_DEVICES``; without starting CUDA here (a forked child asks the driver) unless it is
-    started already or no child can be forked, so that the measuring processes can still be forked."""
+    started already or no child can be forked, so that the measuring processes can still be forked.
+    ``prefetch_tilelang`` (a caller that compiles or tunes next): TileLang is imported while the driver
+    answers (:func:`_import_tilelang_meanwhile`)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible not in _FACTS:
         facts = None
         if sys.platform.startswith("linux") and not cuda_started() and _libcuda() is not None:
-            facts = _query_forked()
+            facts = _query_forked(_import_tilelang_meanwhile if prefetch_tilelang else None)
             if facts is None:
                 logger.warning("the CUDA driver did not describe the GPUs within %g s; asking torch, which starts "
                                "CUDA in this process, so its measuring processes are spawned, not forked",

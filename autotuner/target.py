@@ -44,11 +44,12 @@ class ResolvedTarget:
 
 
 def _local_cuda_arch() -> tuple[str, str] | None:
-    """``(arch, device name)`` of local GPU 0, or ``None`` when there is none."""
+    """``(arch, device name)`` of local GPU 0, or ``None`` when there is none. Every caller compiles or
+    tunes next, so TileLang is imported while the driver is asked (:func:`.forking.local_gpus`)."""
     from .forking import local_gpus
 
     try:
-        gpus = local_gpus()
+        gpus = local_gpus(prefetch_tilelang=True)
     except ImportError:  # no torch, and no driver to ask
         return None
     if not gpus:

@@ -1,10 +1,11 @@
 """What a tune pays before and per candidate on the CPU side, on this host (issue 13's fixed start).
 
 Prints and saves (``--out``, JSON) the seconds to import torch, tilecarve's matmul template and TileLang,
-to ask the driver about the GPUs (``local_gpus``, a forked child) and to build the 288-config tuner at
-4096^3 (profiled), and per config of the grid: milliseconds to elaborate its PrimFunc, to pickle it and
-to load it back (what a compile worker sends the measuring side, which no longer elaborates). Imports
-are timed in this order in one fresh process, so run it as its own command:
+and to build the 288-config tuner at 4096^3 as ``benchmarks/multi_gpu.py`` does (profiled; of it, asking
+the driver about the GPUs, ``local_gpus``, a forked child), and per config of the grid: milliseconds to
+elaborate its PrimFunc, to pickle it and to load it back (what a compile worker sends the measuring side,
+which no longer elaborates). Imports are timed in this order in one fresh process, so run it as its own
+command:
 
     . .gpu/setup.sh && python3 benchmarks/start_costs.py --out $OUT/start_costs.json
 """
@@ -43,22 +44,21 @@ def main() -> None:
     out["import templates.matmul s"] = time.perf_counter() - t
     from autotuner import forking
 
-    t = time.perf_counter()
-    gpus = forking.local_gpus()
-    out["local_gpus s"] = time.perf_counter() - t
-    out["gpus"] = [g.get("name") for g in gpus]
     problem = mm.MatmulProblem(4096, 4096, 4096)
     configs = mm.MATMUL.space(problem)
     prof = cProfile.Profile()
     t = time.perf_counter()
-    try:
+    try:  # as benchmarks/multi_gpu.py builds it, the driver query (local_gpus) included
         with prof:
             mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
         out["tuner built s"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - no GPU here: the rest still tells the CPU costs
         out["tuner error"] = repr(e)
+    stats = pstats.Stats(prof)
+    out["of it, local_gpus s"] = sum(v[3] for k, v in stats.stats.items() if k[2] == "local_gpus")
+    out["gpus"] = [g.get("name") for g in forking.local_gpus()]
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(15)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
     out["tuner profile"] = text.getvalue()
     out["cuda started"] = forking.cuda_started()
     t = time.perf_counter()
@@ -85,6 +85,7 @@ def main() -> None:
     for k, v in out.items():
         if k != "tuner profile" and not k.startswith("per config"):
             print(f"{k}: {v}")
+    print(out["tuner profile"])
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))

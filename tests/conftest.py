@@ -30,7 +30,7 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from autotuner import forking
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(forking, "local_gpus", lambda: [])
+    monkeypatch.setattr(forking, "local_gpus", lambda prefetch_tilelang=False: [])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

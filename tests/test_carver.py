@@ -351,10 +351,11 @@ def test_local_device_overlays_what_the_driver_reports(monkeypatch):
     from autotuner import forking
 
     def local(name, major, minor, sms):  # what the driver reports (autotuner.forking.local_gpus)
-        return lambda: [dict(name=name, major=major, minor=minor, capability=[major, minor], multi_processor_count=sms,
-                             shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
-                             L2_cache_size=50 * 2**20, regs_per_multiprocessor=65536,
-                             max_threads_per_multi_processor=2048, clock_rate=1_755_000)]
+        reported = [dict(name=name, major=major, minor=minor, capability=[major, minor], multi_processor_count=sms,
+                         shared_memory_per_block_optin=232448, shared_memory_per_multiprocessor=233472,
+                         L2_cache_size=50 * 2**20, regs_per_multiprocessor=65536,
+                         max_threads_per_multi_processor=2048, clock_rate=1_755_000)]
+        return lambda prefetch_tilelang=False: reported
 
     monkeypatch.setattr(forking, "local_gpus", local("NVIDIA H100 80GB HBM3", 9, 0, 132))
     a = CUDA("cuda")

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import time
 import types
+from pathlib import Path
 
 import pytest
 from kernels.c_kernels import add, ref_add
@@ -22,6 +23,7 @@ import autotuner.bench as bench_mod
 from autotuner import AutoTuner, forking
 from autotuner.job import MEASURER
 
+ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forking is used on Linux only")
 
 
@@ -130,7 +132,7 @@ def test_local_gpus_asks_once_per_visible_set_and_falls_back_to_torch(monkeypatc
     monkeypatch.setattr(forking, "_FACTS", {})
     monkeypatch.setattr(forking, "_libcuda", lambda: object())  # a driver, not started here
     monkeypatch.setattr(forking, "cuda_started", lambda: False)
-    monkeypatch.setattr(forking, "_query_forked", lambda: asked.append("driver") or None)  # no answer
+    monkeypatch.setattr(forking, "_query_forked", lambda meanwhile=None: asked.append("driver") or None)  # no answer
     monkeypatch.setattr(forking, "_torch_facts", lambda: asked.append("torch") or [{"name": "T", "capability": [8, 0]}])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert forking.local_gpus() == forking.local_gpus() == [{"name": "T", "capability": [8, 0]}]
@@ -142,6 +144,45 @@ def test_local_gpus_asks_once_per_visible_set_and_falls_back_to_torch(monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
     forking.local_gpus()
     assert asked == ["driver", "torch"] * 2 + ["torch"]
+
+
+@pytest.mark.parametrize("case", ["nvml", "no nvml", "ray imported"])
+def test_resolving_the_local_gpu_imports_tilelang_while_the_driver_answers(tmp_path, case):
+    """A tune asks the driver about the GPU (a forked child, 0.26-0.33 s on an H200 host) and then imports
+    TileLang (1.3-2.1 s there) before it forks its measuring processes: the import runs while the driver
+    answers. Not where importing TileLang would start CUDA (torch not told to ask NVML), nor in a process that
+    imported Ray (its plan starts the measuring actors before this process imports TileLang)."""
+    out = run_script(tmp_path, f"""
+        import os, sys, time, types
+        os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "{'0' if case == 'no nvml' else '1'}"
+        if {case == 'ray imported'}:
+            sys.modules["ray"] = types.ModuleType("ray")
+        sys.path[:0] = {[str(p) for p in (ROOT, ROOT / "tests")]!r}
+        from autotuner import forking
+        from autotuner.target import resolve_target
+        forking._libcuda = lambda: object()  # a driver, CUDA not started here
+        forking.cuda_started = lambda: False
+        forking._driver_facts = lambda: (time.sleep(1.0), [dict(name="NVIDIA H200", capability=[9, 0])])[1]
+        assert "tilelang" not in sys.modules
+        target = resolve_target("auto")
+        print(target.spec, "|", target.device_name, "|", "tilelang" in sys.modules)
+    """)
+    assert out.returncode == 0, out.stderr
+    spec, name, imported = (x.strip() for x in out.stdout.strip().splitlines()[-1].split("|"))
+    assert spec == "{'kind': 'cuda', 'arch': 'sm_90a'}" and name == "NVIDIA H200", out.stdout
+    assert imported == ("True" if case == "nvml" else "False"), out.stdout
+
+
+def test_the_driver_querys_answer_is_read_before_the_child_has_exited(monkeypatch):
+    """The child closes its end of the pipe once its answer is written: the answer does not wait for the
+    child's exit (an exit after starting the driver tears it down: tens of ms)."""
+    facts = [{"name": "NVIDIA H200", "capability": [9, 0]}]
+    monkeypatch.setattr(forking, "_driver_facts", lambda: facts)
+    real_exit = os._exit
+    monkeypatch.setattr(os, "_exit", lambda code: (time.sleep(3.0), real_exit(code)))  # in the child only
+    t0 = time.monotonic()
+    assert forking._query_forked() == facts
+    assert time.monotonic() - t0 < 2.5
 
 
 def tune(**tuning):

@@ -117,9 +117,9 @@ def test_the_arch_knows_its_memory_and_the_local_device_overlays_it(monkeypatch)
     assert MatmulTemplate(4096, 4096, 4096).with_arch(mine).recommend_hints(2)
     from autotuner import forking
 
-    monkeypatch.setattr(forking, "local_gpus", lambda: [dict(  # what the driver reports, asked in a forked child
-        name="NVIDIA H100 80GB HBM3", major=9, minor=0, capability=[9, 0], multi_processor_count=132,
-        total_memory=85_029_158_912)])
+    reported = [dict(name="NVIDIA H100 80GB HBM3", major=9, minor=0, capability=[9, 0], multi_processor_count=132,
+                     total_memory=85_029_158_912)]  # what the driver reports, asked in a forked child
+    monkeypatch.setattr(forking, "local_gpus", lambda prefetch_tilelang=False: reported)
     local = CUDA("cuda")
     assert local.memory_bytes == 85_029_158_912
     with pytest.raises(ValueError, match="device memory"):
