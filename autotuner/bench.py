@@ -52,10 +52,11 @@ from .compile import (
     restore_globals,
     seed_linecache,
 )
-from .errors import TuningInputError
+from .config import config_label
+from .errors import CudaContextLost, TuningInputError
 from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, l2_flush_buffer, time_callable
-from .trial import Status, Trial, format_error
+from .trial import Status, Trial, error_headline, format_error
 
 __all__ = ["Bench", "BenchSpec", "Benches", "IsolatedBench", "Measurer", "ServedBench", "load_specs", "make_measurer",
            "param_names", "prestart", "raise_for_reply", "resolve_roles", "serve_one", "spec_payload", "start_device"]
@@ -160,7 +161,7 @@ class Measurer(Protocol):
 
     def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None: ...
 
-    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None: ...
+    def retime(self, sid: int, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None: ...
 
     def fetch_ref_latency(self, sid: int) -> float | None: ...
 
@@ -206,6 +207,7 @@ class Bench:
         self.ref_latency: float | None = None
         self._first: _Elaborated | None = None  # elaborate()'s config, for make_inputs()
         self._loaded = False  # a candidate's kernel has been loaded (the timeline's "first kernel loaded")
+        self.launched = False  # a candidate's kernel was launched since :class:`Benches` last cleared it
 
     def elaborate(self, config: dict[str, Any]) -> None:
         """The first step of :meth:`make_inputs`, apart so that the caller can bound it as the user's kernel
@@ -278,6 +280,7 @@ class Bench:
         refs = self._refs(case)  # before the candidate runs: a wrong problem is found before any candidate
         case.prepare(poison=True)
         try:
+            self.launched = True
             jit(*case.args)
             self._sync()
         except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
@@ -299,6 +302,7 @@ class Bench:
     def _time(self, jit: Any, case: _Case, mode: str) -> Timing:
         t = self.spec.timing
         prepare = (lambda: case.prepare(poison=False)) if case.zero or case.restore else None
+        self.launched = True
         return time_callable(lambda: jit(*case.args), t.warmup, t.rep, self.spec.device, mode=mode,
                              backend=t.timing_backend, sustain_s=t.sustain_s, prepare=prepare)
 
@@ -329,16 +333,26 @@ class Bench:
         self._hashes[index] = prim_hash(jit.prim_func)
         return Trial(cfg, Status.OK, None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
 
-    def retime(self, index: int, cfg: dict[str, Any]) -> Timing:
+    def retime(self, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None:
         """Time a measured candidate again, as ``spec.timing`` says (finalists, once compilation no
         longer loads the CPU).
 
-        After a restart of the measuring process the kernel is loaded again (a disk-cache hit).
+        After a restart of the measuring process, or on a device that did not measure it, the kernel is
+        loaded again (a disk-cache hit) from ``prim``, the PrimFunc its compile built and that was checked
+        and timed; the config is elaborated again only without one (a trial resumed from an earlier run).
+        ``None`` when it cannot be loaded or run again (the caller drops it from the finalists).
         """
-        if index not in self._kernels:
-            self._kernels[index] = build(self.spec.kernel, cfg, self.spec.target_spec, self.spec.pass_configs)
-        jit = self._kernels[index]
-        return self._time(jit, self._case(jit), self.spec.timing.finalist_mode)
+        try:
+            if index not in self._kernels:
+                s = self.spec
+                self._kernels[index] = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
+            jit = self._kernels[index]
+            return self._time(jit, self._case(jit), self.spec.timing.finalist_mode)
+        except TuningInputError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's factory, or the kernel, failing now: not a winner
+            logger.warning("config %s could not be re-timed: %s", config_label(cfg), error_headline(format_error(e)))
+            return None
 
     def local_kernel(self, index: int) -> Any | None:
         """The loaded kernel of a candidate measured in this process, or ``None``."""
@@ -387,7 +401,14 @@ class Bench:
 
 
 class Benches:
-    """The measuring side of a job in this process: one :class:`Bench` per spec, made at its first use."""
+    """The measuring side of a job in this process: one :class:`Bench` per spec, made at its first use.
+
+    A candidate can leave the process's CUDA context unusable (a sticky error: a device-side assert, an
+    illegal address), after which every CUDA call fails, the next candidates' and the reference's alike.
+    When a request whose candidate's kernel was launched fails on a GPU, the context is probed
+    (:meth:`_context_lost`); if it is gone, :class:`.errors.CudaContextLost` names that candidate. A measuring
+    process or Ray actor answers ``("lost", why)`` (:func:`serve_one`) and is replaced by the job; in the
+    tuning process itself (``isolate=False``) the job stops with it."""
 
     def __init__(self, specs: list[BenchSpec]) -> None:
         self.specs = list(specs)
@@ -409,7 +430,48 @@ class Benches:
 
     def measure(self, sid: int, index: int, cfg: dict[str, Any], compile_s: float | None,
                 prim: bytes | None = None) -> Trial:
-        return self.bench(sid).measure(index, cfg, compile_s, prim)
+        bench = self.bench(sid)
+        trial = self._guarded(bench, cfg, lambda: bench.measure(index, cfg, compile_s, prim))
+        if trial.status == Status.RUNTIME_ERROR:
+            self._unless_lost(bench, cfg, trial.error)
+        return trial
+
+    def _guarded(self, bench: Bench, cfg: dict[str, Any], call: Callable[[], Any]) -> Any:
+        """``call()`` for candidate ``cfg``; if it raises once its kernel was launched, first see whether
+        the CUDA context is gone (:meth:`_unless_lost`). A wrong problem (:class:`TuningInputError`: the
+        reference, the inputs) is the problem's, even when it broke the context: it is raised as it is."""
+        bench.launched = False
+        try:
+            return call()
+        except TuningInputError:
+            raise
+        except Exception as e:
+            self._unless_lost(bench, cfg, format_error(e))
+            raise
+
+    def _unless_lost(self, bench: Bench, cfg: dict[str, Any], failure: str | None) -> None:
+        """After candidate ``cfg`` failed (``failure``): raise :class:`.errors.CudaContextLost` if its kernel
+        was launched and the CUDA context is now unusable; return when it is fine (the failure was the
+        candidate's own) or when no kernel of it ran (not its doing)."""
+        if not bench.launched:
+            return
+        why = self._context_lost()
+        if why is not None:
+            raise CudaContextLost(f"config {config_label(cfg)} left its process's CUDA context unusable ({why}); "
+                                  f"its own failure: {error_headline(failure or '', 300)}")
+
+    def _context_lost(self) -> str | None:
+        """Why this process's CUDA context is unusable (a sticky error that every call now returns), or
+        ``None``: fine, or no GPU in use."""
+        if not any(s.device == "cuda" for s in self.specs):
+            return None
+        import torch
+
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - any error here is the context's
+            return error_headline(format_error(e))
+        return None
 
     def elaborate(self, sid: int, config: dict[str, Any]) -> bool:
         """:meth:`Bench.elaborate` ahead of spec ``sid``'s first candidate (:meth:`ahead` says how)."""
@@ -436,8 +498,12 @@ class Benches:
             return False
         return True
 
-    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing:
-        return self.bench(sid).retime(index, cfg)
+    def retime(self, sid: int, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None:
+        bench = self.bench(sid)
+        timing = self._guarded(bench, cfg, lambda: bench.retime(index, cfg, prim))
+        if timing is None:
+            self._unless_lost(bench, cfg, "it could not be re-timed")
+        return timing
 
     def fetch_ref_latency(self, sid: int) -> float | None:
         return self.bench(sid).fetch_ref_latency()
@@ -528,6 +594,7 @@ def _serve(fd: int, device: str = "cpu") -> None:
 
     up = time.time()
     procs.name_process(MEASURING_PROCESS_NAME)
+    _report_crashes()
     conn = Connection(fd)
     job: list[Any] = []  # read at once, on a thread: a large payload would block the parent's send meanwhile
     reader = threading.Thread(target=lambda: job.append(_receive_job(conn)), name="tilecarve-job", daemon=True)
@@ -550,6 +617,19 @@ def _serve(fd: int, device: str = "cpu") -> None:
         if msg[0] not in _REQUESTS:
             return
         conn.send(serve_one(benches, msg))
+
+
+def _report_crashes() -> None:
+    """Have a crash of this measuring process (a kernel that segfaults on the CPU side) print its Python
+    stack on stderr (:mod:`faulthandler`). Disabled first: enabling it again would keep whichever handler
+    was installed after it (a forked child also starts with every handler reset)."""
+    import faulthandler
+
+    try:
+        faulthandler.disable()
+        faulthandler.enable(sys.__stderr__)
+    except (AttributeError, OSError, ValueError, RuntimeError):  # no usable stderr: no report
+        pass
 
 
 def _receive_job(conn: Any) -> tuple | None:
@@ -585,6 +665,8 @@ def serve_one(benches: Benches, msg: tuple) -> tuple[str, Any]:
         if op == "make_inputs":
             return "ok", benches.make_inputs(*args)
         raise ValueError(f"unknown request {op!r} to the measuring process")
+    except CudaContextLost as e:  # this process is of no more use: the job replaces it
+        return "lost", str(e)
     except TuningInputError as e:
         return "input_error", (str(e), _portable(e.__cause__))
     except Exception as e:  # noqa: BLE001 - a bug on the measuring side: the parent raises it
@@ -662,8 +744,8 @@ class ServedBench:
         raise_for_reply(tag, reply)
         return Trial(cfg, Status.RUNTIME_ERROR if tag == "died" else Status.TIMEOUT, reply, compile_s)
 
-    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
-        tag, reply = self._call(("retime", sid, index, cfg), self.run_timeout)
+    def retime(self, sid: int, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None:
+        tag, reply = self._call(("retime", sid, index, cfg, prim), self.run_timeout)
         raise_for_reply(tag, reply)
         return reply if tag == "ok" else None
 
@@ -873,7 +955,11 @@ class IsolatedBench(ServedBench):
             self._settle()
             self._conn.send(msg)
             if self._conn.poll(timeout):
-                return self._conn.recv()
+                reply = self._conn.recv()
+                if reply[0] == "lost":  # its context is gone: it is replaced, and the candidate counted as died
+                    self._restart()
+                    return "died", f"{reply[1]}; the measuring process was replaced for the remaining configs"
+                return reply
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
         else:

@@ -252,12 +252,14 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
         except OSError as e:
             _write_all(wfd, pickle.dumps((Status.COMPILE_ERROR, f"could not start the compiler process: {e}")))
             raise
+        fault = os.path.join(workdir, "fault.txt")
         if pid == 0:
-            _compiler(payload, glb, config, target_spec, pass_configs, wfd, me)
+            _compiler(payload, glb, config, target_spec, pass_configs, wfd, me, fault)
         _, wstatus = os.waitpid(pid, 0)
         if wstatus != 0:  # the compiler died before it could write a result
             if os.WIFSIGNALED(wstatus):
-                why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}"
+                why = f"compiler process died with signal {signal.Signals(os.WTERMSIG(wstatus)).name}" + \
+                    _where(fault)
             else:
                 why = f"compiler process exited with status {os.waitstatus_to_exitcode(wstatus)} without a result"
             _write_all(wfd, pickle.dumps((Status.COMPILE_ERROR, why)))
@@ -267,17 +269,34 @@ def _child_compile(payload: bytes, glb: bytes | None, config: dict[str, Any], ta
         os._exit(1)
 
 
+def _where(fault: str, frames: int = 8) -> str:
+    """Where the compiler was when it crashed, from :mod:`faulthandler`'s report (innermost Python frames
+    first), or nothing."""
+    try:
+        with open(fault) as f:
+            lines = [line.strip() for line in f if line.strip().startswith("File ")]
+    except OSError:
+        return ""
+    return "; in " + " < ".join(lines[:frames]) if lines else ""
+
+
 def _kill_own_group(signum: int, frame: Any) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
 def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_spec: Any,
-              pass_configs: dict[str, Any] | None, wfd: int, leader: int) -> None:
-    """Runs in the compiler process (the compile child's child): build, report through ``wfd``."""
+              pass_configs: dict[str, Any] | None, wfd: int, leader: int, fault: str) -> None:
+    """Runs in the compiler process (the compile child's child): build, report through ``wfd``. A crash
+    (SIGSEGV in the compiler) leaves its Python stack in ``fault``, for the trial's error."""
+    import faulthandler
     import pickle
 
     status, err, prim = Status.OK, None, None
     try:
+        # disabled first: enabling it again only changes its file, and a handler installed after it (TVM's
+        # backtrace printer, when pytest enabled it in the parent) would stay the one that runs
+        faulthandler.disable()
+        faulthandler.enable(open(fault, "w"))  # noqa: SIM115 - open until this process ends
         procs.die_with_parent(leader, signal.SIGKILL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         # This throwaway process leaves through os._exit, which skips the finalizers that tell an

@@ -301,10 +301,10 @@ class DevicePool:
         for w in list(self._alive):
             self._on(w, lambda w: w.bench.prepare(sid, config, elaborate_timeout))
 
-    def retime(self, sid: int, index: int, cfg: dict[str, Any]) -> Timing | None:
-        """Time a candidate again on the first device (it loads the kernel, a disk-cache hit, when another
-        device measured it): every finalist is timed on that one device."""
-        return self._on(None, lambda w: w.bench.retime(sid, index, cfg)).result()
+    def retime(self, sid: int, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None:
+        """Time a candidate again on the first device (it loads the kernel from ``prim``, a disk-cache hit,
+        when another device measured it): every finalist is timed on that one device."""
+        return self._on(None, lambda w: w.bench.retime(sid, index, cfg, prim)).result()
 
     def fetch_ref_latency(self, sid: int) -> float | None:
         """The reference's latency on the first device (where the finalists were timed)."""

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["TuningCacheError", "TuningError", "TuningInputError"]
+__all__ = ["CudaContextLost", "KernelFactoryWarning", "TuningCacheError", "TuningError", "TuningInputError"]
 
 
 class TuningError(RuntimeError):
     """No candidate survived; the message counts what failed and shows one error of each kind."""
+
+
+class CudaContextLost(TuningError):
+    """A candidate left its process's CUDA context unusable (a sticky error: a device-side assert, an
+    illegal address). A measuring process or Ray actor is replaced and the candidate counts as died; in the
+    tuning process itself (``isolate=False``) nothing more can run, and the whole job stops with this."""
 
 
 class TuningInputError(ValueError):
@@ -17,3 +23,11 @@ class TuningInputError(ValueError):
 
 class TuningCacheError(OSError):
     """The tuning database cannot be used (an unwritable directory, a file that is not ours)."""
+
+
+class KernelFactoryWarning(UserWarning):
+    """The kernel factory gives a different PrimFunc for the winning config in the tuning process than where
+    it was measured (it depends on its environment, a GPU it queries, global state or chance). The kernel
+    returned is the one measured wherever its compiled PrimFunc was kept; what the factory gives here was
+    not timed, a keyed kernel that builds the winner here would not run what was tuned, and a later run
+    cannot take the stored result (it tunes again)."""

@@ -245,9 +245,10 @@ def _import_tilelang_meanwhile() -> None:
     for a caller that compiles or tunes next and so imports it anyway (1.3-2.1 s there) before it can fork
     its measuring processes: the two waits overlap. In this thread: importing on another one let a
     concurrent import on the main thread see a half-imported TVM (11642e5, reverted). Only where the import
-    does not start CUDA (:func:`nvml_check`), and not in a process that has imported Ray, whose plan starts
-    its measuring actors before this process imports TileLang. A failed import is left to the caller's own
-    ``import tilelang`` to raise."""
+    does not start CUDA (:func:`nvml_check`), and not in a process that has imported Ray (a tune there
+    starts its measuring actors before this process imports TileLang; a plan for Ray, or for spawned
+    measuring processes, does not ask for the prefetch at all). A failed import is left to the caller's
+    own ``import tilelang`` to raise."""
     if "tilelang" in sys.modules or "ray" in sys.modules or not nvml_check():
         return
     try:
@@ -277,31 +278,30 @@ def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str,
         os.close(r)
         raise
     os.close(w)
-    if meanwhile is not None:
-        meanwhile()
-    data, end = b"", time.monotonic() + QUERY_TIMEOUT_S
+    data, answered = b"", False
     try:
+        if meanwhile is not None:
+            meanwhile()
+        end = time.monotonic() + QUERY_TIMEOUT_S
         while True:
             ready, _, _ = select.select([r], [], [], max(0.0, end - time.monotonic()))
             if not ready:
-                child.kill()
-                child.wait(10)
-                return None
+                break  # no answer in time
             chunk = os.read(r, 65536)
             if not chunk:
+                answered = True
                 break
             data += chunk
-    finally:
+    finally:  # also on an interrupt (Ctrl-C during meanwhile()): no open pipe, no zombie left behind
         os.close(r)
+        if not answered:
+            child.kill()
+        threading.Thread(target=child.wait, name="tilecarve-reap", daemon=True).start()
     try:
-        facts = json.loads(data) if data else None
+        facts = json.loads(data) if answered and data else None
     except ValueError:  # cut short: it died while writing
         facts = None
-    if isinstance(facts, list):
-        threading.Thread(target=child.wait, name="tilecarve-reap", daemon=True).start()
-        return facts
-    child.wait(10) if child.poll() is None else None
-    return None
+    return facts if isinstance(facts, list) else None
 
 
 def _torch_facts() -> list[dict[str, Any]]:

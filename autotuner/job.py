@@ -48,11 +48,11 @@ from .cache import DamagedRow, TuningCacheWarning, TuningDB, prim_hash
 from .compile import CompileBatch, compile_many
 from .config import config_label
 from .devices import DevicePool, open_isolated
-from .errors import TuningError, TuningInputError
+from .errors import CudaContextLost, KernelFactoryWarning, TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
 from .settings import check_setting
 from .timeline import Timeline
-from .trial import STATUSES, Status, Trial, error_headline
+from .trial import STATUSES, Status, Trial, error_headline, format_error
 from .tuner import AutoTuner, Plan, TuneResult
 
 __all__ = ["raise_errors", "tune_all"]
@@ -208,12 +208,16 @@ class _Job:
                 r, i = first
                 bench.prepare(r.sid, r.plan.configs[i], r.plan.tuner.compile_settings.compile_timeout)
             self._mark("start")
-            self._compile_and_measure(bench, todo)
-            self._mark("compile and measure")
-            self.bar.close()
-            for r in runs:
-                if r.outcome is None:
-                    r.finish(bench)
+            try:
+                self._compile_and_measure(bench, todo)
+                self._mark("compile and measure")
+                self.bar.close()
+                for r in runs:
+                    if r.outcome is None:
+                        r.finish(bench)
+            except CudaContextLost as e:  # only in this process (isolate=False): a measuring process is replaced
+                raise CudaContextLost(f"{e}. Nothing more can run in this process, so the job stops: with "
+                                      "isolate=True (the default) such a candidate costs only its own trial") from None
         finally:
             self.bar.close()
             bench.close()
@@ -255,6 +259,8 @@ class _Job:
                 if r.outcome is not None:  # the plan has failed (its reference): the rest of it is dropped
                     continue
                 cfg = r.plan.configs[out.index]
+                if out.prim is not None:
+                    r.prims[out.index] = out.prim
                 if out.status != Status.OK:
                     r.record(out.index, Trial(cfg, Status(out.status), out.error, out.seconds), bench)
                 elif isinstance(bench, DevicePool):  # the next free device measures it
@@ -303,6 +309,11 @@ class _PlanRun:
         self.counted = 0  # trials on the bar
         self.left = 0  # candidates sent to compile and not yet recorded
         self.outcome: TuneResult | BaseException | None = None
+        #: The PrimFuncs compile workers built (pickled), by config: what each candidate's measuring side
+        #: loaded, checked and timed, so that a finalist re-timed elsewhere and the winner returned here are
+        #: that kernel and not the factory's output in another process. Kept only for candidates that may
+        #: still become finalists (:meth:`_hold`).
+        self.prims: dict[int, bytes] = {}
 
     def _store(self, i: int, trial: Trial) -> None:
         self.trials[i] = trial
@@ -320,10 +331,23 @@ class _PlanRun:
     def record(self, i: int, trial: Trial, bench: Measurer) -> None:
         """A compiled candidate's trial; after the last, its inputs are freed on the measuring side."""
         self._note(i, trial)
+        self._hold(i, trial)
         self.left -= 1
         if self.left == 0:
             bench.release(self.sid)
         self.job.show(self)
+
+    def _hold(self, i: int, trial: Trial) -> None:
+        """Keep candidate ``i``'s PrimFunc only while it may become a finalist: finalists are among the
+        fastest ``max(max_finalists, MIN_FINALISTS)`` ok trials, so a slower one's is dropped (25 kB each
+        for a GEMM; a job of many problems would otherwise hold every candidate's)."""
+        if trial.status != Status.OK:
+            self.prims.pop(i, None)
+            return
+        held = [j for j in self.prims if (t := self.trials[j]) is not None and t.status == Status.OK]
+        if len(held) > max(self.plan.spec.timing.max_finalists, MIN_FINALISTS):
+            # the slowest; of tied ones the last by index, as the finalists' stable sort leaves it out
+            del self.prims[max(held, key=lambda j: (self.trials[j].median_ms, j))]
 
     def measured(self, i: int, measure: Callable[[], Trial], bench: Measurer) -> None:
         """Record ``measure()``'s trial, or fail the plan if its problem is wrong (``TuningInputError``)."""
@@ -337,6 +361,7 @@ class _PlanRun:
     def fail(self, error: BaseException, bench: Measurer) -> None:
         """The problem itself is wrong: nothing of this plan is worth keeping; the job goes on."""
         self.outcome = error
+        self.prims.clear()
         if self.db is not None:
             self.db.discard_run(self.plan.key)
         self.job.bar.update(len(self.plan.configs) - self.counted)
@@ -402,10 +427,14 @@ class _PlanRun:
                 best_i = self._pick(finalists, ref_latency)
                 jit, phash = self._winner_kernel(bench, best_i)
                 measured_hash = bench.measured_hash(self.sid, best_i)
+                if measured_hash is not None:  # also unloaded: a keyed kernel builds the winner here later
+                    self._same_here(best_i, phash if best_i not in self.prims else None, measured_hash,
+                                    None if jit is None else phash in (None, measured_hash))
                 mark("load the winner")
                 tl.mark("winner loaded", plan.label)
             finally:
                 bench.release(self.sid)
+                self.prims.clear()
             best = self.trials[best_i]
             if phash is not None and plan.run_settings.recheck and phash != measured_hash:
                 # loaded again here from a PrimFunc other than the one checked in this run (a resumed
@@ -420,6 +449,8 @@ class _PlanRun:
                 db.discard_run(plan.key)  # the problem is wrong: nothing of this run is worth keeping
             self.outcome = e
             return
+        except CudaContextLost:
+            raise  # the whole job's end, not this problem's (later problems would run in the same process)
         except TuningError as e:
             self.outcome = e
             return
@@ -429,6 +460,25 @@ class _PlanRun:
         logger.info("tuning phases of %s: %s", plan.label, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
         self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases,
                                    self.job.timeline)
+
+    def _same_here(self, i: int, here: str | None, measured: str, timed: bool | None) -> None:
+        """Warn (:class:`KernelFactoryWarning`) when the factory gives config ``i`` another PrimFunc in this
+        process than the one measured (``here``: its hash when the winner was elaborated here already;
+        ``timed``: whether the kernel returned is the one measured, ``None`` when none is returned)."""
+        cfg = self.trials[i].config
+        try:
+            if here is None:
+                here = self.plan.own_hash(cfg)
+            detail = None if here == measured else f"hash {here[:12]} here, {measured[:12]} there"
+        except Exception as e:  # noqa: BLE001 - a factory that fails or hangs here differs as much
+            detail = f"here it fails: {error_headline(format_error(e))}"
+        if detail is not None:
+            warnings.warn(
+                f"{self.plan.kernel_name}({config_label(cfg)}) elaborates to a different PrimFunc in this process "
+                f"than where it was measured ({detail}). {_RETURNED[timed]} The factory depends on the "
+                "process it runs in (an environment variable: compile workers set CUDA_VISIBLE_DEVICES=''; a GPU "
+                "it queries; global state; chance): make the kernel depend on its arguments only. Until then a "
+                "stored result cannot be reused, and each run tunes again.", KernelFactoryWarning, stacklevel=2)
 
     def _retime_finalists(self, bench: Measurer) -> list[int]:
         """Re-time every candidate within ``finalist_margin`` of the fastest, and at least the
@@ -449,11 +499,11 @@ class _PlanRun:
             k = r % len(finalists)
             for i in finalists[k:] + finalists[:k]:
                 if i in rounds:
-                    timing = bench.retime(self.sid, i, trials[i].config)
+                    timing = bench.retime(self.sid, i, trials[i].config, self.prims.get(i))
                     if timing is None:  # it died or hung when run again: not a kernel to return
                         old = trials[i]
-                        self._store(i, Trial(old.config, Status.RUNTIME_ERROR, "died or hung when re-timed as a "
-                                             "finalist", old.compile_s, device=on))
+                        self._store(i, Trial(old.config, Status.RUNTIME_ERROR, "died, hung or failed when re-timed "
+                                             "as a finalist (the log says which)", old.compile_s, device=on))
                         del rounds[i]
                     else:
                         rounds[i].append(timing)
@@ -484,7 +534,18 @@ class _PlanRun:
             return jit, None
         if not self.job.load_kernels and bench.measured_hash(self.sid, i) is not None:
             return None, None
-        return self.plan.load(self.trials[i].config)
+        return self.plan.load(self.trials[i].config, self.prims.get(i))
+
+
+#: What a :class:`KernelFactoryWarning` says of the kernel returned: the one measured, one elaborated here
+#: (its compiled PrimFunc was not kept: a winner resumed from an interrupted run), or none.
+_RETURNED = {
+    True: "The kernel returned is the one checked and timed; what the factory gives here was neither.",
+    False: "The kernel returned was elaborated here, as its compiled PrimFunc was not kept, and checked once "
+           "(unless recheck=False); it is not the one timed.",
+    None: "What the factory gives here, where a keyed kernel or a table builds the winner, was neither checked "
+          "nor timed.",
+}
 
 
 def _failure_message(trials: list[Trial], target: str) -> str:

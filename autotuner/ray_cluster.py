@@ -442,7 +442,12 @@ class RayBench(ServedBench):
             return "timeout", (f"kernel ran past run_timeout={timeout:g} s; its Ray measuring actor "
                                f"({self.device.label}) was killed and restarted")
         try:
-            return self.ray.get(ref)
+            tag, reply = self.ray.get(ref)
+            if tag == "lost":  # its context is gone: Ray restarts it, and the candidate counts as died
+                self.ray.kill(self._actor, no_restart=False)
+                self._wait = RESTART_TIMEOUT_S
+                return "died", f"{reply}; its Ray measuring actor ({self.device.label}) was restarted"
+            return tag, reply
         except (self.ray.exceptions.RayActorError, self.ray.exceptions.ObjectLostError) as e:
             self._wait = RESTART_TIMEOUT_S
             return "died", (f"the Ray measuring actor {self.device.label} died while running this config: a crash, "

@@ -236,7 +236,9 @@ class CompileSettings:
         from .target import resolve_target
 
         if self.target is not None and not (isinstance(self.target, str) and self.target == "auto"):
-            resolve_target(self.target)  # a bad target is refused when it is set, not at run(); "auto" never is
+            # a bad target is refused when it is set, not at run(); "auto" never is. TileLang is not imported
+            # meanwhile: the plan decides that (its measuring processes may have to start first)
+            resolve_target(self.target, prefetch_tilelang=False)
         _validate(self, ("compile_timeout",))
         pc = self.pass_configs
         if pc is not None and not isinstance(pc, (Mapping, tuple)):

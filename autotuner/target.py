@@ -43,13 +43,14 @@ class ResolvedTarget:
         return f"{self.tvm()}|device={self.device_name}"
 
 
-def _local_cuda_arch() -> tuple[str, str] | None:
-    """``(arch, device name)`` of local GPU 0, or ``None`` when there is none. Every caller compiles or
-    tunes next, so TileLang is imported while the driver is asked (:func:`.forking.local_gpus`)."""
+def _local_cuda_arch(prefetch_tilelang: bool = True) -> tuple[str, str] | None:
+    """``(arch, device name)`` of local GPU 0, or ``None`` when there is none. A caller that compiles or
+    tunes next (``prefetch_tilelang``) has TileLang imported while the driver is asked
+    (:func:`.forking.local_gpus`)."""
     from .forking import local_gpus
 
     try:
-        gpus = local_gpus(prefetch_tilelang=True)
+        gpus = local_gpus(prefetch_tilelang=prefetch_tilelang)
     except ImportError:  # no torch, and no driver to ask
         return None
     if not gpus:
@@ -75,17 +76,18 @@ def _check_with_tvm(spec: dict[str, Any]) -> None:
                          "{'kind': 'cuda', 'arch': 'sm_90a'}") from None
 
 
-def resolve_target(target: Any) -> ResolvedTarget:
+def resolve_target(target: Any, prefetch_tilelang: bool = True) -> ResolvedTarget:
     """Turn ``"auto"``, ``"cuda"``, ``"c"``, a dict or a ``tvm.target.Target`` into a ResolvedTarget.
 
     ``"auto"`` means the local CUDA GPU when there is one, otherwise TileLang's C target on the CPU.
     A CUDA target with an explicit ``arch`` that differs from the local GPU (or with no local GPU)
     is compile-only: candidates compile, nothing runs. A ResolvedTarget is returned as it is (a
-    template resolves its target once and hands the result on).
+    template resolves its target once and hands the result on). ``prefetch_tilelang=False``: TileLang is
+    not imported while the local GPU is asked about (a tune whose measuring processes should start first).
     """
     if isinstance(target, ResolvedTarget):
         return target
-    local = _local_cuda_arch()
+    local = _local_cuda_arch(prefetch_tilelang)
     if target is None or (isinstance(target, str) and target == "auto"):
         target = "cuda" if local else "c"
     if isinstance(target, str):

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import forking
 from .bench import Bench, BenchSpec, param_names, prestart, resolve_roles
 from .cache import (
     DamagedRow,
@@ -48,7 +49,7 @@ from .cache import (
 )
 from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
-from .compile import tl_compile
+from .compile import load_prim, tl_compile
 from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
 from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
@@ -427,7 +428,10 @@ class AutoTuner:
                                        warmup=warmup if warmup is not None else (dw if dw is not None else 3),
                                        rep=rep if rep is not None else (dr if dr is not None else 20))
         t_start = time.perf_counter()
-        target = resolve_target(self.compile_settings.target)
+        # TileLang imported while the driver is asked about the GPU, where the measuring processes are
+        # forked after it (they inherit it); not where they start before it, as Ray's actors or spawned ones
+        prefetch = self.run_settings.backend != "ray" and forking.can_fork("cuda")
+        target = resolve_target(self.compile_settings.target, prefetch_tilelang=prefetch)
         if not target.runnable:
             raise ValueError(
                 f"target {target.spec} cannot run here (local GPU: {target.device_name or 'none'}); tuning "
@@ -493,14 +497,21 @@ class AutoTuner:
         finally:
             self.timing_settings = saved
 
-    def _load(self, config: dict[str, Any], target: ResolvedTarget) -> tuple[Any, str]:
-        """Compile ``config`` in this process (a TileLang disk-cache hit when it was built before),
-        with the user's factory bounded by ``compile_timeout``; also return its PrimFunc's hash."""
-        kwargs, own = split_config(config)
-        what = f"{kernel_name(self.fn)}({config_label(config)})"
-        func = _bounded(lambda: self.fn(**kwargs), self.compile_settings.compile_timeout, what)
+    def _load(self, config: dict[str, Any], target: ResolvedTarget, prim: bytes | None = None) -> tuple[Any, str]:
+        """Compile ``config`` in this process (a TileLang disk-cache hit when it was built before) and
+        return it with its PrimFunc's hash. ``prim``: the PrimFunc a compile worker built for it (the one
+        checked and timed, :func:`.compile.load_prim`); without one, the user's factory elaborates it here."""
+        func = load_prim(prim)
+        if func is None:
+            func = self._elaborate(config)
         base = self.compile_settings.pass_config_dict
-        return tl_compile(func, target.spec, merge_pass_configs(base, own)), prim_hash(func)
+        return tl_compile(func, target.spec, merge_pass_configs(base, split_config(config)[1])), prim_hash(func)
+
+    def _elaborate(self, config: dict[str, Any]) -> Any:
+        """``config``'s PrimFunc, elaborated here by the user's factory, bounded by ``compile_timeout``."""
+        kwargs = split_config(config)[0]
+        what = f"{kernel_name(self.fn)}({config_label(config)})"
+        return _bounded(lambda: self.fn(**kwargs), self.compile_settings.compile_timeout, what)
 
     def _verified(self, jit: Any, spec: BenchSpec) -> str | None:
         """Check a kernel once in this process: ``None`` if it is right, else why not."""
@@ -532,7 +543,8 @@ class AutoTuner:
         jit, phash = self._load(cfg, target)
         if phash != stored.best_prim:
             return _distrust(f"the winner {config_label(cfg)} now elaborates to a different PrimFunc than the one "
-                             "tuned: code the kernel calls has changed")
+                             "tuned: code the kernel calls has changed, or the factory depends on the process it "
+                             "runs in (see KernelFactoryWarning)")
         if self.run_settings.recheck:
             failed = self._verified(jit, spec)
             if failed is not None:
@@ -633,9 +645,14 @@ class Plan:
         """Why ``validate`` refuses ``cfg`` (empty: it may be compiled)."""
         return self.tuner._reasons(cfg)
 
-    def load(self, cfg: dict[str, Any]) -> tuple[Any, str]:
-        """``cfg`` compiled in this process (a disk-cache hit) and its PrimFunc's hash."""
-        return self.tuner._load(cfg, self.target)
+    def load(self, cfg: dict[str, Any], prim: bytes | None = None) -> tuple[Any, str]:
+        """``cfg`` compiled in this process (a disk-cache hit) and its PrimFunc's hash; from ``prim``, the
+        PrimFunc a compile worker built, when there is one."""
+        return self.tuner._load(cfg, self.target, prim)
+
+    def own_hash(self, cfg: dict[str, Any]) -> str:
+        """The hash of the PrimFunc the user's factory gives for ``cfg`` in this process."""
+        return prim_hash(self.tuner._elaborate(cfg))
 
     def verified(self, jit: Any) -> str | None:
         """Check a kernel once in this process: ``None`` if it is right, else why not."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -173,6 +174,48 @@ def test_resolving_the_local_gpu_imports_tilelang_while_the_driver_answers(tmp_p
     assert imported == ("True" if case == "nvml" else "False"), out.stdout
 
 
+@pytest.mark.parametrize("backend, start, want", [("loky", "fork", True), ("ray", "fork", False),
+                                                   ("loky", "spawn", False)])
+def test_a_plan_has_tilelang_imported_during_the_gpu_query_only_when_its_measuring_processes_fork(
+        monkeypatch, backend, start, want):
+    """Forked measuring processes inherit TileLang, so it is imported before them, while the driver
+    answers; Ray's actors and spawned processes start before this process imports TileLang, so a plan for
+    them does not ask for the import (Ray is imported only later, so ``"ray" in sys.modules`` cannot tell)."""
+    import autotuner.tuner as tuner_mod
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def resolve(target, prefetch_tilelang=True):
+        asked.append(prefetch_tilelang)
+        raise Stop
+
+    monkeypatch.setattr(tuner_mod, "resolve_target", resolve)
+    monkeypatch.setattr(forking, "cuda_started", lambda: False)
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))  # not yet started
+    monkeypatch.setenv(forking.START_ENV, start)
+    t = (AutoTuner.from_kernel(add, [dict(block_M=16)]).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+         .set_tuning(n_jobs=2, progress=False, backend=backend))
+    with pytest.raises(Stop):
+        t.plan(1, 3)
+    assert asked == [want]
+
+
+def test_a_target_checked_when_it_is_set_does_not_import_tilelang(monkeypatch):
+    """``set_compile_args(target="cuda")`` asks the driver then (a wrong target fails there), before the
+    plan knows whether its measuring processes fork: that question leaves TileLang's import to the plan."""
+    import autotuner.target as target_mod
+    from autotuner.settings import CompileSettings
+
+    asked = []
+    monkeypatch.setattr(target_mod, "_local_cuda_arch", lambda prefetch_tilelang=True: asked.append(
+        prefetch_tilelang) or ("sm_90a", "NVIDIA H200"))
+    CompileSettings(target="cuda")
+    assert asked == [False]
+
+
 def test_the_driver_querys_answer_is_read_before_the_child_has_exited(monkeypatch):
     """The child closes its end of the pipe once its answer is written: the answer does not wait for the
     child's exit (an exit after starting the driver tears it down: tens of ms)."""
@@ -183,6 +226,30 @@ def test_the_driver_querys_answer_is_read_before_the_child_has_exited(monkeypatc
     t0 = time.monotonic()
     assert forking._query_forked() == facts
     assert time.monotonic() - t0 < 2.5
+
+
+def test_an_interrupt_while_the_driver_answers_leaves_no_open_pipe_and_no_zombie(monkeypatch):
+    """Ctrl-C during what runs meanwhile (TileLang's import): the pipe is closed and the child killed and
+    reaped, as on every other way out."""
+    monkeypatch.setattr(forking, "_driver_facts", lambda: time.sleep(60))
+    children, pipes = [], []
+    real_fork, real_pipe = forking.fork_child, os.pipe
+    monkeypatch.setattr(forking, "fork_child", lambda *a: children.append(real_fork(*a)) or children[-1])
+    monkeypatch.setattr(os, "pipe", lambda: pipes.append(real_pipe()) or pipes[-1])
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        forking._query_forked(interrupted)
+    (child,) = children
+    deadline = time.monotonic() + 10
+    while child.returncode is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child.returncode == -signal.SIGKILL  # killed, and reaped (by the reaping thread)
+    (r, _w), = pipes
+    with pytest.raises(OSError):
+        os.fstat(r)  # closed (the write end was closed as soon as the child had it)
 
 
 def tune(**tuning):

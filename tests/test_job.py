@@ -54,8 +54,8 @@ def counted(monkeypatch):
         ms = fake_ms(self, cfg)
         return Trial(trial.config, trial.status, None, trial.compile_s, ms, ms, 0.0)
 
-    def retime(self, index, cfg):
-        real_retime(self, index, cfg)  # loads the kernel and makes the inputs as a real re-timing does
+    def retime(self, index, cfg, prim=None):
+        real_retime(self, index, cfg, prim)  # loads the kernel and makes the inputs as a real re-timing does
         event(self, "retime")
         ms = fake_ms(self, cfg)
         return Timing(ms, ms, 0.0, 3)

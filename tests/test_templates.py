@@ -271,10 +271,10 @@ def count_resolutions(monkeypatch):
     counts = []
     real = autotuner.target.resolve_target
 
-    def counting(target):
+    def counting(target, prefetch_tilelang=True):
         if not isinstance(target, ResolvedTarget):
             counts.append(target)
-        return real(target)
+        return real(target, prefetch_tilelang)
 
     monkeypatch.setattr(autotuner.target, "resolve_target", counting)
     return counts

@@ -6,9 +6,11 @@ neighbour of the listed case where one exists.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import sqlite3
+import threading
 import time
 import warnings
 
@@ -19,6 +21,7 @@ from kernels.c_kernels import add, add_failing
 from kernels.hostile_kernels import add_salted
 from kernels.trust_kernels import (
     add_accumulate,
+    add_by_process,
     add_clobber,
     add_helper,
     add_loud,
@@ -27,8 +30,17 @@ from kernels.trust_kernels import (
     scale_inplace,
 )
 
-from autotuner import AutoTuner, Status, Trial, TuneResult, TuningCacheError, TuningError, TuningInputError
-from autotuner.cache import TuningCacheWarning, TuningDB, cache_dir
+from autotuner import (
+    AutoTuner,
+    KernelFactoryWarning,
+    Status,
+    Trial,
+    TuneResult,
+    TuningCacheError,
+    TuningError,
+    TuningInputError,
+)
+from autotuner.cache import TuningCacheWarning, TuningDB, cache_dir, prim_hash
 from autotuner.trial import error_headline, format_error
 
 A64 = (64, 64)
@@ -405,7 +417,7 @@ def test_finalists_are_retimed_in_interleaved_rounds_and_the_pick_is_made_on_the
         t = real_measure(self, index, cfg, compile_s, prim)
         return Trial(t.config, t.status, t.error, t.compile_s, 1.0, 1.0, 0.0)
 
-    def fake_retime(self, index, cfg):  # in rounds, config 2 is the fastest
+    def fake_retime(self, index, cfg, prim=None):  # in rounds, config 2 is the fastest
         order.append(index)
         return Timing({0: 1.02, 1: 1.05, 2: 0.99, 3: 1.01}[index] + 0.001 * len(order) % 3, 0.9, 0.01, 5)
 
@@ -441,7 +453,7 @@ def test_the_three_fastest_are_finalists_even_when_one_timing_leads_by_more_than
         t = real_measure(self, index, cfg, compile_s, prim)
         return Trial(t.config, t.status, t.error, t.compile_s, first[index], first[index], 0.0)
 
-    def fake_retime(self, index, cfg):
+    def fake_retime(self, index, cfg, prim=None):
         retimed.append(index)
         return Timing(rounds[index], rounds[index], 0.0, 5)
 
@@ -500,3 +512,154 @@ def test_the_winner_is_rechecked_in_the_parent_only_when_it_was_not_checked_as_l
     again = tuner(add, cfgs, isolate=True).run(1, 2)
     assert not again.from_cache and calls == [1]
     assert tuner(add, cfgs, isolate=True).run(1, 2).from_cache and calls == [1, 1]  # the warm path checks
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel returned, and every finalist re-timed, is the PrimFunc a compile worker built: the one checked
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_the_kernel_returned_is_the_one_timed_when_the_factory_elaborates_otherwise_here(isolate, monkeypatch):
+    """A factory that gives another program outside a compile worker: the kernel returned is the worker's,
+    checked and timed, and the user is told; a later run does not serve the stored result, and says why."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    cfgs = [dict(block_M=16), dict(block_M=32), dict(block_M=64)]
+    with pytest.warns(KernelFactoryWarning, match=r"add_by_process\(M=\d+\) elaborates to a different "
+                      r"PrimFunc in this process .*hash \w{12} here, \w{12} there.*CUDA_VISIBLE_DEVICES"):
+        result = tuner(add_by_process, cfgs, isolate=isolate).set_tuning(n_jobs=2).run(1, 3)
+    here = prim_hash(add_by_process(**result.config))
+    assert here != _worker_hash(result.config, monkeypatch) == prim_hash(result.kernel.jit_kernel.prim_func)
+    a, b = torch.randn(A64), torch.randn(A64)
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+    with pytest.warns(KernelFactoryWarning), pytest.warns(TuningCacheWarning, match="depends on the process it runs"):
+        again = tuner(add_by_process, cfgs, isolate=isolate).set_tuning(n_jobs=2).run(1, 3)
+    assert not again.from_cache
+    assert prim_hash(again.kernel.jit_kernel.prim_func) == _worker_hash(again.config, monkeypatch)
+
+
+def test_a_job_that_loads_no_winner_still_says_when_the_factory_differs_here(monkeypatch):
+    """``tune_all(load_kernels=False)`` (model code's jobs): the winner is built later, here, by a keyed
+    kernel, so the factory's difference matters all the more."""
+    from autotuner import tune_all
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = tuner(add_by_process, [dict(block_M=16), dict(block_M=32)], isolate=True).set_tuning(n_jobs=2).plan(1, 3)
+    with pytest.warns(KernelFactoryWarning, match="where a keyed kernel or a table builds the winner"):
+        (result,) = tune_all([plan], progress=False, load_kernels=False)
+    assert result.kernel is None and result.config in plan.configs
+
+
+def _worker_hash(cfg, monkeypatch):
+    """What ``add_by_process`` elaborates to for ``cfg`` in a compile worker."""
+    with monkeypatch.context() as mp:
+        mp.setenv("CUDA_VISIBLE_DEVICES", "")
+        return prim_hash(add_by_process(**cfg))
+
+
+def test_finalists_re_timed_on_another_device_and_the_winner_load_what_the_worker_built(monkeypatch):
+    """Two fake devices: a finalist that one measured is re-timed on the other, and the winner is loaded
+    here, both from the compile worker's PrimFunc; the factory, which fails outside a compile worker, is
+    not asked again (before, either step elaborated the config where it ran)."""
+    from autotuner.bench import IsolatedBench
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    calls: list[tuple[str, str, int]] = []
+    real_call = IsolatedBench._call
+
+    def call(self, msg, timeout):
+        where = threading.current_thread().name.removeprefix("tilecarve-measure-")
+        if msg[0] == "measure" and where == "cpu:0" and not any(c[0] == "cpu:0" for c in calls):
+            time.sleep(5)  # so that cpu:1 measures the others, and finalists it measured move to cpu:0
+        calls.append((where, msg[0], msg[2] if msg[0] in ("measure", "retime") else -1))
+        return real_call(self, msg, timeout)
+
+    monkeypatch.setattr(IsolatedBench, "_call", call)
+    cfgs = [dict(block_M=m, block_N=n, elsewhere="raise") for m in (16, 32, 64) for n in (16, 32)]
+    t = (AutoTuner.from_kernel(add_by_process, cfgs).set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+         .set_tuning(n_jobs=2, devices=[0, 1], max_finalists=6, finalist_margin=1.0, progress=False))
+    with pytest.warns(KernelFactoryWarning, match="here it fails: RuntimeError: this factory only elaborates"):
+        result = t.run(1, 3)
+    assert [t.status for t in result.trials] == [Status.OK] * 6, result.trials
+    on_1 = {i for where, op, i in calls if where == "cpu:1" and op == "measure"}
+    assert on_1 & {i for where, op, i in calls if where == "cpu:0" and op == "retime"}, calls
+    a, b = torch.randn(A64), torch.randn(A64)
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
+def test_a_measuring_side_that_never_measured_a_candidate_re_times_it_from_its_primfunc(monkeypatch, caplog):
+    from autotuner.bench import Bench
+    from autotuner.compile import compile_all
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    t = tuner(add_by_process, [dict(block_M=m, elsewhere="raise") for m in (16, 32)])
+    outs = sorted(compile_all(add_by_process, t.configs, [0, 1], "c", timeout=120, n_jobs=2), key=lambda o: o.index)
+    assert [o.status for o in outs] == [Status.OK, Status.OK], outs
+    bench = Bench(t.plan(1, 3).spec)
+    with caplog.at_level(logging.WARNING, logger="autotuner.bench"):
+        assert bench.retime(0, t.configs[0]) is None  # no PrimFunc (a trial resumed from an earlier run)
+    assert "could not be re-timed: RuntimeError: this factory only elaborates in a compile worker" in caplog.text
+    assert bench.retime(1, t.configs[1], outs[1].prim).median_ms > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# a candidate that leaves its process's CUDA context unusable (simulated here; on a GPU in test_trust_gpu.py)
+
+_LOST = {"by": None}  # in each measuring process its own copy (forked): which config broke its context
+
+
+def _losing_measure(real):
+    def measure(self, index, cfg, compile_s, prim=None):
+        if _LOST["by"] is not None:  # every CUDA call fails once the context is gone
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        if cfg["block_M"] == 32:
+            _LOST["by"] = cfg
+            self.launched = True  # its kernel ran, and broke the context
+            return Trial(cfg, Status.RUNTIME_ERROR, "CUDA error: device-side assert triggered", compile_s)
+        return real(self, index, cfg, compile_s, prim)
+
+    return measure
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_candidate_that_loses_the_cuda_context_costs_its_own_trial_only(monkeypatch, isolate):
+    """Isolated, the measuring process exits (its context probed after the failure) and is replaced: the
+    candidate that did it is a runtime error, the ones after it are measured (before, the next one's first
+    CUDA call failed and stopped the whole run as "a tilecarve bug"). In the tuning process itself the run
+    cannot go on, and the error says why and what to do."""
+    from autotuner import CudaContextLost
+    from autotuner import bench as bench_mod
+
+    monkeypatch.setitem(_LOST, "by", None)
+    monkeypatch.setattr(bench_mod.Bench, "measure", _losing_measure(bench_mod.Bench.measure))
+    monkeypatch.setattr(bench_mod.Benches, "_context_lost",
+                        lambda self: None if _LOST["by"] is None else "AcceleratorError: device-side assert triggered")
+    cfgs = [dict(block_M=16), dict(block_M=32), dict(block_M=64), dict(block_M=16, block_N=16)]
+    t = tuner(add, cfgs, isolate=isolate).set_tuning(n_jobs=1, isolate=isolate, progress=False, cache=False)
+    if not isolate:
+        with pytest.raises(CudaContextLost, match=r"config M=32 left its process's CUDA context unusable "
+                           r"\(AcceleratorError.*its own failure: CUDA error.*isolate=True \(the default\)"):
+            t.run(1, 3)
+        return
+    result = t.run(1, 3)
+    assert [t.status for t in result.trials] == [Status.OK, Status.RUNTIME_ERROR, Status.OK, Status.OK], result.trials
+    assert "CUDA context unusable (AcceleratorError" in result.trials[1].error, result.trials[1].error
+    assert "its own failure: CUDA error" in result.trials[1].error and "replaced" in result.trials[1].error
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
+def test_a_context_broken_by_the_reference_is_the_problems_error_not_a_candidates(monkeypatch):
+    """No kernel of the candidate ran (the reference, run at its first check, broke the context): the
+    problem is wrong, and says so; no candidate is blamed for the context."""
+    from autotuner import bench as bench_mod
+
+    def measure(self, index, cfg, compile_s, prim=None):
+        _LOST["by"] = cfg
+        raise TuningInputError("ref_prog raised: CUDA error: device-side assert triggered")
+
+    monkeypatch.setitem(_LOST, "by", None)
+    monkeypatch.setattr(bench_mod.Bench, "measure", measure)
+    monkeypatch.setattr(bench_mod.Benches, "_context_lost", lambda self: "AcceleratorError: device-side assert")
+    with pytest.raises(TuningInputError, match="ref_prog raised"):
+        tuner(add, [dict(block_M=16), dict(block_M=32)], isolate=True).set_tuning(n_jobs=1, progress=False,
+                                                                               cache=False).run(1, 3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from kernels.trust_kernels import add_accumulate, add_clobber, ref_add
+from kernels.trust_kernels import add_accumulate, add_clobber, add_trap, ref_add
 
 from autotuner import AutoTuner, Status
 
@@ -28,6 +28,23 @@ def test_a_gpu_candidate_that_writes_an_input_is_a_mismatch():
     status = [t.status for t in result.trials]
     assert status == [Status.MISMATCH, Status.OK, Status.MISMATCH, Status.OK], result.summary()
     assert "(B)" in result.trials[0].error and "(A)" in result.trials[2].error
+    a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
+def test_a_candidate_that_loses_the_cuda_context_costs_itself_only():
+    """A failed device-side assert leaves the measuring process's CUDA context unusable (a sticky error, as
+    an illegal address does, which TileLang's guards on T.Parallel stores make hard to write): that
+    candidate is a runtime error and its process is replaced; the candidates after it are measured."""
+    import torch
+
+    configs = [dict(block_M=16), dict(block_M=32, trap=True), dict(block_M=32), dict(block_M=64),
+               dict(block_M=16, block_N=16, trap=True), dict(block_M=16, block_N=64)]
+    result = _tuner(add_trap, configs).set_tuning(progress=False, n_jobs=2).run(2, 5)
+    status = [t.status for t in result.trials]
+    assert status == [Status.OK, Status.RUNTIME_ERROR, Status.OK, Status.OK, Status.RUNTIME_ERROR, Status.OK], \
+        result.summary()
+    assert "CUDA context" in result.trials[1].error, result.trials[1].error
     a, b = torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda")
     torch.testing.assert_close(result.kernel(a, b), a + b)
 

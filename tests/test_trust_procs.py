@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,6 +252,9 @@ def test_a_crashing_compiler_is_a_compile_error_with_its_signal(n_jobs):
                                                  n_jobs=n_jobs)}
     assert outcomes[0].status == "ok", outcomes[0]
     assert outcomes[1].status == "compile_error" and "SIGSEGV" in outcomes[1].error, outcomes[1]
+    # where it crashed, innermost Python frame first (faulthandler's report in the compile's directory)
+    assert re.search(r'; in File ".*hostile_kernels\.py", line \d+ in add_crashing_the_compiler', outcomes[1].error), \
+        outcomes[1].error
 
 
 def _ppid(pid: int) -> int:
@@ -547,3 +551,18 @@ def test_a_measuring_process_that_dies_as_it_starts_is_an_error_not_a_loop(monke
     with pytest.raises(RuntimeError, match=r"the measuring process exited as it started \(exit code 1\)"):
         bench_mod.IsolatedBench([Spec()], 10.0)
     assert len(spawned) == 1
+
+
+def test_a_measuring_process_that_crashes_prints_where_on_stderr(capfd):
+    """A kernel that kills its measuring process (SIGSEGV raised by the kernel itself) costs its trial, and
+    the process's Python stack goes to stderr (faulthandler), so that a crash nobody planned says where."""
+    from kernels.c_kernels import add_crashing, ref_add
+
+    from autotuner import AutoTuner
+
+    result = (AutoTuner.from_kernel(add_crashing, [dict(mode="abort"), dict(block_M=16)])
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+              .set_tuning(n_jobs=2, progress=False, cache=False).run(1, 3))
+    assert [str(t.status) for t in result.trials] == ["runtime_error", "ok"], result.trials
+    err = capfd.readouterr().err
+    assert "Fatal Python error: Segmentation fault" in err and "in measure" in err, err[-3000:]

@@ -2,6 +2,7 @@
 outputs, update arguments in place, or change with a helper module. TileLang reads them through
 inspect, so they live in a file."""
 
+import os
 import time
 
 import tilelang.language as T
@@ -76,6 +77,42 @@ def add_helper(block_M: int = 32, block_N: int = 32):
 def add_loud(block_M: int = 32, block_N: int = 32):
     """Fails to elaborate with a long message whose first words name the fault."""
     raise ValueError(f"block_M={block_M} cannot work: the first line names the fault. " + "details " * 1200)
+
+
+def add_by_process(block_M: int = 32, block_N: int = 32, elsewhere: str = "other"):
+    """C = A + B, as ``add_clobber`` writes it, in a compile worker (which hides the GPU:
+    CUDA_VISIBLE_DEVICES=""); in any other process another program (elsewhere="other": C = B + A, as
+    right and never timed) or none (elsewhere="raise")."""
+    in_worker = os.environ.get("CUDA_VISIBLE_DEVICES") == ""
+    if not in_worker and elsewhere == "raise":
+        raise RuntimeError("this factory only elaborates in a compile worker")
+    swap = not in_worker
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                if swap:
+                    C[by * block_M + i, bx * block_N + j] = B[by * block_M + i, bx * block_N + j] + A[by * block_M + i, bx * block_N + j]
+                else:
+                    C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
+
+
+def add_trap(block_M: int = 32, block_N: int = 32, threads: int = 128, trap: bool = False):
+    """C = A + B; with ``trap``, a device-side assert that fails in every thread first, which leaves the
+    CUDA context unusable (a sticky error) on a GPU."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=threads) as (bx, by):
+            if trap:
+                T.device_assert(bx < 0, "trap")
+            for i, j in T.Parallel(block_M, block_N):
+                C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j]
+
+    return main
 
 
 def ref_add(A, B):
