@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import procs
+from . import forking, procs
 from .config import merge_pass_configs, split_config
 from .settings import resolve_out_idx
 from .trial import Status, format_error
@@ -442,7 +442,8 @@ def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]
 
 
 def default_backend() -> str:
-    """``"multiprocessing"`` (forked workers) where fork exists, else joblib's ``"loky"``.
+    """``"multiprocessing"`` (forked workers) where this process may fork (:func:`.forking.fork_safe`: Linux,
+    and never in a process that has used Ray), else joblib's ``"loky"`` (fresh interpreters).
 
     Forked workers start with TileLang already imported by the parent; loky's spawned workers each
     import it again (measured on a 16-core H200 machine: 16 GEMM configs compiled in 8.2 s wall with
@@ -450,9 +451,7 @@ def default_backend() -> str:
     workers never touch the GPU, so a CUDA context in the parent is safe, as with PyTorch's
     DataLoader workers.
     """
-    import multiprocessing
-
-    return "multiprocessing" if "fork" in multiprocessing.get_all_start_methods() else "loky"
+    return "multiprocessing" if forking.fork_safe() else "loky"
 
 
 @dataclass(frozen=True)
@@ -523,16 +522,29 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
         from joblib import Parallel, delayed
 
         jobs = [delayed(compile_task)(*t) for t in tasks]
-        if backend == "loky" and n > 1:
+        if backend == "loky" and n == 1 and not forking.fork_safe():
+            outcomes = _one_loky_worker(tasks, me)  # joblib runs one job in this process, which may not fork
+        elif backend == "loky" and n > 1:
             from joblib.parallel import LokyBackend
 
             parallel = Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
                                 return_as="generator_unordered")
+            outcomes = parallel(jobs)
         else:
             parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
-        outcomes = parallel(jobs)
+            outcomes = parallel(jobs)
     forked = backend == "multiprocessing" and n > 1  # the forked pool says itself when its workers exist
     return _placed(outcomes, where, None if forked else ready)
+
+
+def _one_loky_worker(tasks: list[tuple], parent_pid: int) -> Iterator[CompileOutcome]:
+    """``tasks`` compiled one after another in one of loky's workers (a fresh interpreter): joblib runs
+    ``n_jobs=1`` in this process, whose compile child would be forked from it."""
+    from joblib.executor import get_memmapping_executor  # joblib's own reusable executor: shared with its pools
+
+    executor = get_memmapping_executor(1, initializer=procs.worker_init, initargs=(parent_pid,))
+    for t in tasks:
+        yield executor.submit(compile_task, *t).result()
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],

@@ -11,7 +11,10 @@ nothing in it may count on a thread pool its parent started:
   (model code and notebooks that have already used the GPU);
 * OpenMP (torch's and MKL's CPU ops): a parallel region in a child of a process that ran one hangs or
   crashes (libgomp); the child runs torch on one thread, which begins none;
-* Ray's gRPC threads: no forking in a Ray driver or worker.
+* Ray's threads: no forking in a process that has been a Ray driver or worker, even after
+  ``ray.shutdown()``, which leaves its C++ threads running (8 of them, seen with Ray 2.60); children
+  forked after it died of SIGSEGV in ordinary allocation (CI, 2026-11-23). :func:`fork_safe` is that rule
+  for every fork that goes on running Python: measuring processes, compile workers, the driver query.
 
 Then:
 
@@ -46,7 +49,7 @@ from . import procs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "local_gpus"]
+__all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "fork_safe", "local_gpus"]
 
 #: Environment variable: ``spawn`` starts every measuring process as a fresh interpreter.
 START_ENV = "TILECARVE_MEASURE_START"
@@ -94,15 +97,38 @@ def cuda_started() -> bool:
     return lib.cuDeviceGetCount(ctypes.byref(n)) != _CUDA_ERROR_NOT_INITIALIZED
 
 
-def can_fork(device: str) -> bool:
-    """Whether a measuring process for ``device`` (``"cuda"``/``"cpu"``) may be forked from this process:
-    on Linux, unless :data:`START_ENV` says ``spawn``; a GPU one only while this process has not started
-    CUDA (:func:`cuda_started`), and none while this process is a Ray driver or worker (gRPC's threads
-    and fork handlers are Ray's business, not ours)."""
-    if not sys.platform.startswith("linux") or os.environ.get(START_ENV, "fork") == "spawn":
+#: Whether this process has been seen to be a Ray driver or worker (by :func:`fork_safe`); never unset.
+_RAY_SEEN = False
+
+
+def _ray_was_connected(ray: Any) -> bool:
+    """Whether Ray is connected here, or was: ``ray.shutdown()`` leaves the driver's error subscriber in
+    place (Ray 2.x internals, read defensively: a Ray without them answers by ``is_initialized`` alone)."""
+    if getattr(ray, "is_initialized", lambda: False)():
+        return True
+    worker = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    return getattr(worker, "gcs_error_subscriber", None) is not None
+
+
+def fork_safe() -> bool:
+    """Whether this process may fork a child that goes on running Python (a measuring process, a compile
+    worker, the driver query): on Linux, and never once this process has been a Ray driver or worker, whose
+    threads outlive ``ray.shutdown()`` (see the module's docstring). Where it may not, those are started as
+    fresh interpreters (spawned measuring processes, joblib's loky workers)."""
+    global _RAY_SEEN
+    if not sys.platform.startswith("linux"):
         return False
     ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    if ray is not None and not _RAY_SEEN:
+        _RAY_SEEN = _ray_was_connected(ray)
+    return not _RAY_SEEN
+
+
+def can_fork(device: str) -> bool:
+    """Whether a measuring process for ``device`` (``"cuda"``/``"cpu"``) may be forked from this process:
+    where :func:`fork_safe`, unless :data:`START_ENV` says ``spawn``; a GPU one only while this process has
+    not started CUDA (:func:`cuda_started`)."""
+    if not fork_safe() or os.environ.get(START_ENV, "fork") == "spawn":
         return False
     return device != "cuda" or not cuda_started()
 
@@ -332,7 +358,7 @@ def local_gpus(prefetch_tilelang: bool = False) -> list[dict[str, Any]]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible not in _FACTS:
         facts = None
-        if sys.platform.startswith("linux") and not cuda_started() and _libcuda() is not None:
+        if fork_safe() and not cuda_started() and _libcuda() is not None:
             facts = _query_forked(_import_tilelang_meanwhile if prefetch_tilelang else None)
             if facts is None:
                 logger.warning("the CUDA driver did not describe the GPUs within %g s; asking torch, which starts "

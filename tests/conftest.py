@@ -33,12 +33,20 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(forking, "local_gpus", lambda prefetch_tilelang=False: [])
 
 
+#: Test modules that start Ray in the pytest process.
+RAY_MODULES = {"test_ray.py"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu = _has_cuda_gpu()
     nvcc = shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
     skip_gpu = pytest.mark.skip(
         reason="needs a CUDA GPU; run on the GPU machine: . .gpu/setup.sh && python3 -m pytest -m gpu")
     skip_nvcc = pytest.mark.skip(reason="needs nvcc (CUDA toolkit) to compile sm_90a code; none found on PATH")
+    # Once a process has been a Ray driver it forks no compile worker or measuring process again
+    # (autotuner.forking.fork_safe), so the modules that start Ray here run last and the rest of the suite
+    # keeps the forked ones.
+    items.sort(key=lambda item: item.path.name in RAY_MODULES)  # stable: each part keeps its order
     for item in items:
         if "gpu" in item.keywords and not gpu:
             item.add_marker(skip_gpu)

@@ -21,6 +21,7 @@ from kernels.c_kernels import add, ref_add
 from test_timeline import order_of
 
 import autotuner.bench as bench_mod
+import autotuner.compile as compile_mod
 from autotuner import AutoTuner, forking
 from autotuner.job import MEASURER
 
@@ -101,19 +102,56 @@ def test_cuda_started_asks_the_driver_when_torch_has_not(monkeypatch):
     assert not forking.cuda_started()
 
 
-def test_forking_is_refused_when_turned_off_after_cuda_started_and_in_a_ray_process(monkeypatch):
+def test_forking_is_refused_when_turned_off_after_cuda_started_and_once_ray_has_run_here(monkeypatch):
     monkeypatch.delenv(forking.START_ENV, raising=False)
+    monkeypatch.setattr(forking, "_RAY_SEEN", False)
     monkeypatch.setattr(forking, "cuda_started", lambda: False)
     assert forking.can_fork("cpu") and forking.can_fork("cuda")
     monkeypatch.setattr(forking, "cuda_started", lambda: True)  # a child could use no GPU
     assert forking.can_fork("cpu") and not forking.can_fork("cuda")
     monkeypatch.setattr(forking, "cuda_started", lambda: False)
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
-    assert not forking.can_fork("cpu")
     monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
-    assert forking.can_fork("cpu")
+    assert forking.can_fork("cpu") and compile_mod.default_backend() == "multiprocessing"  # imported, not run
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    assert not forking.can_fork("cpu") and not forking.fork_safe()
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))  # ray.shutdown()
+    assert not forking.can_fork("cpu") and compile_mod.default_backend() == "loky"  # its threads live on
+    monkeypatch.setattr(forking, "_RAY_SEEN", False)
     monkeypatch.setenv(forking.START_ENV, "spawn")
     assert not forking.can_fork("cpu") and not forking.can_fork("cuda")
+
+
+def test_a_ray_shut_down_before_tilecarve_first_looked_still_rules_out_forking(monkeypatch):
+    """A user's own ``ray.init()`` and ``ray.shutdown()`` before any tune: what Ray leaves behind tells."""
+    monkeypatch.setattr(forking, "_RAY_SEEN", False)
+    worker = types.SimpleNamespace(gcs_error_subscriber=None)
+    ray = types.SimpleNamespace(is_initialized=lambda: False,
+                                _private=types.SimpleNamespace(worker=types.SimpleNamespace(global_worker=worker)))
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    assert forking.fork_safe()  # imported, never connected
+    worker.gcs_error_subscriber = object()  # what ray.shutdown() leaves (Ray 2.60)
+    assert not forking.fork_safe() and not forking.can_fork("cpu")
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_a_process_that_has_run_ray_tunes_without_forking(monkeypatch, n_jobs):
+    """Compile workers and the measuring process start as fresh interpreters (joblib's loky, a spawned
+    process), one compile worker included, and the winner is right."""
+    monkeypatch.delenv(forking.START_ENV, raising=False)
+    monkeypatch.setattr(forking, "_RAY_SEEN", True)
+
+    def refuse():
+        raise AssertionError("forked in a process that has run Ray")
+
+    monkeypatch.setattr(os, "fork", refuse)
+    result = (AutoTuner.from_kernel(add, [dict(block_M=16), dict(block_M=32)])
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+              .set_tuning(n_jobs=n_jobs, progress=False, cache=False).run(1, 3))
+    assert [str(t.status) for t in result.trials] == ["ok", "ok"], result.trials
+    steps = order_of(result.timeline, MEASURER)
+    assert "process spawned" in steps and "process forked" not in steps, steps
+    import torch
+    torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
 
 
 def test_the_driver_is_asked_in_a_forked_child_which_is_killed_if_it_hangs(monkeypatch):

@@ -70,7 +70,7 @@ def local_ray(tmp_path_factory):
     os.environ.setdefault("TILELANG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tilelang-cache"))
     ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # alike on any host
     yield ray
-    ray.shutdown()
+    ray.shutdown()  # this process forks nothing from now on (forking.fork_safe); conftest.py runs this module last
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +150,23 @@ def test_the_plan_readied_a_compile_worker_per_cpu(ray_run, local_ray):
 def test_the_running_ray_instance_is_reused(ray_run, local_ray):
     _, _, inits, _ = ray_run
     assert inits == [] and len(local_ray.nodes()) == 1
+
+
+@needs_ray
+def test_a_ray_driver_forks_nothing_while_connected_or_after_shutdown(ray_run, tmp_path):
+    """Ray's threads outlive ``ray.shutdown()``; children forked after it died in CI (autotuner/forking.py)."""
+    import subprocess
+
+    from autotuner import compile as compile_mod
+    from autotuner import forking
+
+    assert not forking.fork_safe() and not forking.can_fork("cpu") and compile_mod.default_backend() == "loky"
+    code = ("import ray; from autotuner import forking; print(forking.fork_safe()); "
+            "ray.init(num_cpus=1, num_gpus=0, include_dashboard=False, log_to_driver=False); ray.shutdown(); "
+            "forking._RAY_SEEN = False; print(forking.fork_safe())")  # what a shut-down Ray leaves must tell
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.stdout.split() == ["True", "False"], (out.stdout, out.stderr[-2000:])
 
 
 @needs_ray

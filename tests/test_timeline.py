@@ -57,13 +57,15 @@ def test_a_job_has_one_timeline_from_the_plan_to_its_end(job_results):
     assert tl is not None and all(r.timeline is tl for r in job_results)
     assert tl.sorted_events()[0].what == "plan" and tl.sorted_events()[0].t == 0.0
     assert_before(tl, ("process spawned", MEASURER), ("job start", "job"), ("tune start", "job"), ("open", MEASURER),
-                  ("opened", MEASURER), ("imports done", MEASURER), ("first config elaborated #0", MEASURER),
+                  ("opened", MEASURER), ("first config elaborated #0", MEASURER),
                   ("inputs made #0", MEASURER), ("reference timed #0", MEASURER), ("first kernel loaded #0", MEASURER),
                   ("first measured", MEASURER), ("last measured", MEASURER),
                   ("compile and measure done", "job"), ("finalists start", "add16"), ("finalists end", "add16"),
                   ("winner loaded", "add16"), ("finalists start", "add32"), ("job end", "job"))
+    # the measuring process is forked and imports on its own, so "imports done" may come before "opened"
     assert_before(tl, ("process spawned", MEASURER), ("process up", MEASURER), ("torch imported", MEASURER),
-                  ("device ready", MEASURER), ("tilelang imported", MEASURER), ("imports done", MEASURER))
+                  ("device ready", MEASURER), ("tilelang imported", MEASURER), ("imports done", MEASURER),
+                  ("first config elaborated #0", MEASURER))
     assert_before(tl, ("devices found", "add16"), ("measuring started", "add16"), ("key hashed", "add16"),
                   ("job start", "job"))
     assert order_of(tl, MEASURER).count("inputs made #0") == 1  # the first candidate used those made ahead
