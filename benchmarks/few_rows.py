@@ -39,8 +39,11 @@ from benchlib import Clock, config_id, dump, geomean, log, median  # noqa: E402
 SHAPES = ("128x14336x4096", "128x4096x14336", "256x14336x4096", "64x4096x14336")
 
 
-def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True) -> tuple[list[Any], list[Any]]:
-    """(every config to search, the ones tune() would try), as MatmulConfigs, checked, no duplicates."""
+def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True,
+              block_ns: tuple[int, ...] = ()) -> tuple[list[Any], list[Any]]:
+    """(every config to search, the ones tune() would try), as MatmulConfigs, checked, no duplicates.
+    ``block_ns``: the top-16 hints again with each of these block_N (tiles the carver does not enumerate),
+    unsplit and split 2 to 8."""
     from templates.matmul import space
 
     tuned = space.candidates(problem, arch, topk)
@@ -48,8 +51,10 @@ def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True) -> tuple[li
     split = space.split_k_variants(problem, hints[:16], arch.sm_count, per_config=4, top=16)
     more = [dataclasses.replace(c, split_k=s) for c in hints[:16] for s in (2, 3, 4, 6, 8)
             if c.split_k == 1 and s <= space.split_k_limit(problem.K, c.block_K)]
+    wider = [dataclasses.replace(c, block_N=n, split_k=s) for c in hints[:16] for n in block_ns
+             for s in (1, 2, 3, 4, 6, 8) if s <= space.split_k_limit(problem.K, c.block_K)]
     out: list[Any] = []
-    for c in [*tuned, *hints, *split, *more, *(space.space(problem) if grid else [])]:
+    for c in [*tuned, *hints, *split, *more, *wider, *(space.space(problem) if grid else [])]:
         if c not in out and not space.check(problem, c, arch):
             out.append(c)
     return out, tuned
@@ -63,7 +68,7 @@ def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, A
     M, N, K = map(int, shape.split("x"))
     arch = carver.arch.CUDA(args.arch)
     problem = make_problem(M, N, K, args.dtype, None, "float32", False, True, in_name="dtype")
-    configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid)
+    configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid, block_ns=tuple(args.also_block_n))
     log(f"{shape}: searching {len(configs)} configs ({len(tuned)} of them tune()'s)")
     t0 = time.time()
     tuner = matmul.tuner(M, N, K, dtype=args.dtype, configs=[c.to_dict() for c in configs], arch=args.arch)
@@ -215,6 +220,8 @@ def main() -> int:
                     help="also time the best configs compiled as the op serves them (symbolic M), back to back")
     ap.add_argument("--timing", default="burst", choices=["burst", "back_to_back"],
                     help="how the search times candidates (back_to_back: as a forward runs them, the op's way)")
+    ap.add_argument("--also-block-n", nargs="*", type=int, default=[],
+                    help="also search the top-16 hints with these block_N (e.g. 112: 14336 / 112 = 128 tiles)")
     ap.add_argument("--searched", help="a few_rows.json whose searches to reuse (shapes found there are not searched)")
     ap.add_argument("--time-limit", type=float, default=400.0)
     args = ap.parse_args()
