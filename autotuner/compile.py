@@ -509,7 +509,7 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
     n = n_jobs if n_jobs is not None else -1
     if n == -1 or n > len(tasks):
         n = min(len(tasks), os.cpu_count() or 1)
-    backend = backend or default_backend()
+    backend = _fork_free(backend, n) if backend else default_backend()
     ready = on_ready if on_ready is not None else (lambda: None)
     if backend == "ray":  # as many at once as n_jobs, or as the cluster has CPUs
         from .ray_cluster import compile_on_ray
@@ -537,14 +537,34 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
     return _placed(outcomes, where, None if forked else ready)
 
 
+def _fork_free(backend: str, n: int) -> str:
+    """``backend``, or ``"loky"`` where it would fork from this process and this process may not fork
+    (:func:`.forking.fork_safe`): the forked pool, joblib's threads, or any joblib backend with one worker
+    (joblib then runs the job here, and its compile child is forked from here)."""
+    if backend == "ray" or forking.fork_safe() or (backend in ("loky", "dask") and n > 1):
+        return backend
+    if backend != "loky":
+        logger.warning("compile backend %r would fork from this process, which has been a Ray driver or worker "
+                       "(autotuner/forking.py); compiling in joblib's loky workers instead", backend)
+    return "loky"
+
+
 def _one_loky_worker(tasks: list[tuple], parent_pid: int) -> Iterator[CompileOutcome]:
     """``tasks`` compiled one after another in one of loky's workers (a fresh interpreter): joblib runs
-    ``n_jobs=1`` in this process, whose compile child would be forked from it."""
-    from joblib.executor import get_memmapping_executor  # joblib's own reusable executor: shared with its pools
+    ``n_jobs=1`` in this process, whose compile child would be forked from it. Interrupted while a compile
+    runs (Ctrl-C, an exception, ``close()``), the worker is killed, and its compile child's group with it
+    (:func:`.procs.worker_init`), as joblib does with its own loky pools."""
+    from joblib.executor import get_memmapping_executor  # joblib's reusable loky executor, one worker
 
     executor = get_memmapping_executor(1, initializer=procs.worker_init, initargs=(parent_pid,))
     for t in tasks:
-        yield executor.submit(compile_task, *t).result()
+        future = executor.submit(compile_task, *t)
+        try:
+            outcome = future.result()
+        finally:
+            if not future.done():
+                executor.terminate(kill_workers=True)
+        yield outcome
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],

@@ -55,6 +55,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _no_ray_before(request: pytest.FixtureRequest) -> None:
+    """Outside Ray's modules, this process must not have run Ray yet: it would fork nothing, and the tests
+    that count on forked workers would fail for a reason they do not name (``--ff``, ``--nf`` or a random
+    order can put Ray's tests first, after pytest_collection_modifyitems has put them last)."""
+    from autotuner import forking
+
+    if forking._RAY_SEEN and request.node.path.name not in RAY_MODULES:
+        pytest.fail("this pytest process has run Ray already (autotuner.forking.fork_safe is False), so it forks "
+                    f"no worker; run {', '.join(sorted(RAY_MODULES))} last or in its own pytest run")
+
+
+@pytest.fixture(autouse=True)
 def _isolated_caches(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test gets its own tuning database; TileLang's kernel cache is shared per session
     (it is keyed by the kernel's full text, so sharing it is safe and saves compile time)."""

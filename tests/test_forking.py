@@ -102,6 +102,16 @@ def test_cuda_started_asks_the_driver_when_torch_has_not(monkeypatch):
     assert not forking.cuda_started()
 
 
+def fake_ray(initialized: bool, left_behind: bool = False) -> types.ModuleType:
+    """A module standing in for Ray: connected or not, and with or without what ``ray.shutdown()`` leaves."""
+    GcsErrorSubscriber = type("GcsErrorSubscriber", (), {})  # noqa: N806 - the class name is what is read
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: initialized
+    worker = types.SimpleNamespace(gcs_error_subscriber=GcsErrorSubscriber() if left_behind else None)
+    ray._private = types.SimpleNamespace(worker=types.SimpleNamespace(global_worker=worker))
+    return ray
+
+
 def test_forking_is_refused_when_turned_off_after_cuda_started_and_once_ray_has_run_here(monkeypatch):
     monkeypatch.delenv(forking.START_ENV, raising=False)
     monkeypatch.setattr(forking, "_RAY_SEEN", False)
@@ -110,12 +120,12 @@ def test_forking_is_refused_when_turned_off_after_cuda_started_and_once_ray_has_
     monkeypatch.setattr(forking, "cuda_started", lambda: True)  # a child could use no GPU
     assert forking.can_fork("cpu") and not forking.can_fork("cuda")
     monkeypatch.setattr(forking, "cuda_started", lambda: False)
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(False))
     assert forking.can_fork("cpu") and compile_mod.default_backend() == "multiprocessing"  # imported, not run
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(True))
     assert not forking.can_fork("cpu") and not forking.fork_safe()
-    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(is_initialized=lambda: False))  # ray.shutdown()
-    assert not forking.can_fork("cpu") and compile_mod.default_backend() == "loky"  # its threads live on
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(False))  # ray.shutdown(): its threads live on
+    assert not forking.can_fork("cpu") and compile_mod.default_backend() == "loky"
     monkeypatch.setattr(forking, "_RAY_SEEN", False)
     monkeypatch.setenv(forking.START_ENV, "spawn")
     assert not forking.can_fork("cpu") and not forking.can_fork("cuda")
@@ -124,19 +134,32 @@ def test_forking_is_refused_when_turned_off_after_cuda_started_and_once_ray_has_
 def test_a_ray_shut_down_before_tilecarve_first_looked_still_rules_out_forking(monkeypatch):
     """A user's own ``ray.init()`` and ``ray.shutdown()`` before any tune: what Ray leaves behind tells."""
     monkeypatch.setattr(forking, "_RAY_SEEN", False)
-    worker = types.SimpleNamespace(gcs_error_subscriber=None)
-    ray = types.SimpleNamespace(is_initialized=lambda: False,
-                                _private=types.SimpleNamespace(worker=types.SimpleNamespace(global_worker=worker)))
-    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(False))
     assert forking.fork_safe()  # imported, never connected
-    worker.gcs_error_subscriber = object()  # what ray.shutdown() leaves (Ray 2.60)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(False, left_behind=True))
     assert not forking.fork_safe() and not forking.can_fork("cpu")
 
 
-@pytest.mark.parametrize("n_jobs", [1, 2])
-def test_a_process_that_has_run_ray_tunes_without_forking(monkeypatch, n_jobs):
+def test_a_stand_in_for_ray_does_not_turn_forking_off(monkeypatch):
+    """A test's mock answers every attribute (``is_initialized()`` gives a truthy mock): not a Ray that ran."""
+    from unittest import mock
+
+    monkeypatch.setattr(forking, "_RAY_SEEN", False)
+    for stand_in in (mock.MagicMock(), types.SimpleNamespace(is_initialized=lambda: True)):
+        monkeypatch.setitem(sys.modules, "ray", stand_in)
+        assert forking.fork_safe()
+    bad = fake_ray(False)
+    bad.is_initialized = lambda: 1 / 0  # a Ray that fails to answer
+    monkeypatch.setitem(sys.modules, "ray", bad)
+    assert forking.fork_safe() and not forking._RAY_SEEN
+
+
+@pytest.mark.parametrize("n_jobs, backend", [(1, None), (2, None), (2, "multiprocessing"), (2, "threading"),
+                                             (1, "loky")])
+def test_a_process_that_has_run_ray_tunes_without_forking(monkeypatch, caplog, n_jobs, backend):
     """Compile workers and the measuring process start as fresh interpreters (joblib's loky, a spawned
-    process), one compile worker included, and the winner is right."""
+    process), one compile worker included, also where ``backend`` names one that forks (with a warning),
+    and the winner is right."""
     monkeypatch.delenv(forking.START_ENV, raising=False)
     monkeypatch.setattr(forking, "_RAY_SEEN", True)
 
@@ -144,14 +167,28 @@ def test_a_process_that_has_run_ray_tunes_without_forking(monkeypatch, n_jobs):
         raise AssertionError("forked in a process that has run Ray")
 
     monkeypatch.setattr(os, "fork", refuse)
-    result = (AutoTuner.from_kernel(add, [dict(block_M=16), dict(block_M=32)])
-              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
-              .set_tuning(n_jobs=n_jobs, progress=False, cache=False).run(1, 3))
+    with caplog.at_level(logging.WARNING, logger="autotuner.compile"):
+        result = (AutoTuner.from_kernel(add, [dict(block_M=16), dict(block_M=32)])
+                  .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+                  .set_tuning(n_jobs=n_jobs, backend=backend, progress=False, cache=False).run(1, 3))
     assert [str(t.status) for t in result.trials] == ["ok", "ok"], result.trials
     steps = order_of(result.timeline, MEASURER)
     assert "process spawned" in steps and "process forked" not in steps, steps
+    warned = [r.getMessage() for r in caplog.records if "would fork" in r.getMessage()]
+    assert len(warned) == (backend in ("multiprocessing", "threading")), warned
     import torch
     torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
+
+
+def test_the_gpus_are_asked_of_torch_not_a_forked_child_once_ray_has_run(monkeypatch):
+    facts = [{"name": "NVIDIA H200", "capability": [9, 0]}]
+    monkeypatch.setattr(forking, "_FACTS", {})
+    monkeypatch.setattr(forking, "cuda_started", lambda: False)
+    monkeypatch.setattr(forking, "_libcuda", lambda: object())  # a driver is there
+    monkeypatch.setattr(forking, "_query_forked", lambda meanwhile=None: pytest.fail("forked the driver query"))
+    monkeypatch.setattr(forking, "_torch_facts", lambda: facts)
+    monkeypatch.setattr(forking, "_RAY_SEEN", True)
+    assert forking.local_gpus() == facts
 
 
 def test_the_driver_is_asked_in_a_forked_child_which_is_killed_if_it_hangs(monkeypatch):

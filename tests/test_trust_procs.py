@@ -55,6 +55,9 @@ SCRIPT = textwrap.dedent('''
     from kernels.hostile_kernels import add_hang_with_grandchild
 
     backend, n_jobs, timeout, salt = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    if backend.startswith("after-ray:"):  # this process has been a Ray driver: it may fork nothing
+        from autotuner import forking
+        forking._RAY_SEEN, backend = True, backend.split(":", 1)[1]
     configs = [dict(block_M=32, salt=salt), dict(block_M=64, hang=True)]  # salt: a real compile, no cache hit
     r = (AutoTuner.from_kernel(add_hang_with_grandchild, configs)
          .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c", compile_timeout=timeout)
@@ -168,7 +171,8 @@ def run_script(tmp_path):
         r.kill()
 
 
-WORKERS = [("multiprocessing", 2), ("loky", 2), ("multiprocessing", 1)]  # forked pool, loky, in the parent
+# forked pool, loky, in the parent, and one loky worker where the parent may not fork (it ran Ray)
+WORKERS = [("multiprocessing", 2), ("loky", 2), ("multiprocessing", 1), ("after-ray:multiprocessing", 1)]
 
 
 @pytest.mark.parametrize("backend, n_jobs", WORKERS)
@@ -304,6 +308,43 @@ def test_a_compile_worker_killed_from_outside_costs_its_config_not_the_run(tmp_p
     while [p for p in victims if _alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in victims if _alive(p)], "the dead worker's compile child or grandchild lives on"
+
+
+def test_an_interrupted_compile_in_the_one_loky_worker_stops_with_its_worker(tmp_path, monkeypatch):
+    """A process that has run Ray compiles with one worker in loky's (joblib would compile here). Ctrl-C
+    while a compile hangs, in a process that goes on (a notebook): the compile and its grandchild die
+    at once, not at the compile's timeout, and the next compile does not wait behind them."""
+    from joblib.externals.loky import get_reusable_executor
+
+    from autotuner import forking
+
+    monkeypatch.setattr(forking, "_RAY_SEEN", True)
+    monkeypatch.setenv("TILECARVE_TEST_PIDS", str(tmp_path))
+    get_reusable_executor(max_workers=1).shutdown(wait=True)  # the next worker starts with this environment
+
+    def pids() -> list[int]:
+        return [int(p.name.split("-")[1]) for p in tmp_path.iterdir() if not p.name.endswith(".tmp")]
+
+    def interrupt_once_hung() -> None:
+        deadline = time.monotonic() + 180
+        while len(pids()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_hung, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        list(compile_all(add_hang_with_grandchild, [dict(block_M=64, hang=True)], [0], "c", timeout=600, n_jobs=1))
+    hung = pids()
+    assert len(hung) == 2, hung
+    deadline = time.monotonic() + 15
+    while [p for p in hung if _alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in hung if _alive(p)], "the hung compiler or its grandchild outlived the interrupt"
+    t0 = time.monotonic()
+    salt = uuid.uuid4().int % 10**9
+    out = list(compile_all(add_hang_with_grandchild, [dict(block_M=32, salt=salt)], [0], "c", timeout=120, n_jobs=1))
+    assert [o.status for o in out] == ["ok"], out
+    assert time.monotonic() - t0 < 60
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="named semaphores live in /dev/shm")
