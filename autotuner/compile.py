@@ -554,13 +554,20 @@ def _one_loky_worker(tasks: list[tuple], parent_pid: int) -> Iterator[CompileOut
     ``n_jobs=1`` in this process, whose compile child would be forked from it. Interrupted while a compile
     runs (Ctrl-C, an exception, ``close()``), the worker is killed, and its compile child's group with it
     (:func:`.procs.worker_init`), as joblib does with its own loky pools."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
     from joblib.executor import get_memmapping_executor  # joblib's reusable loky executor, one worker
 
     executor = get_memmapping_executor(1, initializer=procs.worker_init, initargs=(parent_pid,))
     for t in tasks:
         future = executor.submit(compile_task, *t)
         try:
-            outcome = future.result()
+            while True:  # a bounded wait, so that a Ctrl-C delivered to another thread of this process is seen
+                try:
+                    outcome = future.result(timeout=0.2)
+                    break
+                except FutureTimeout:
+                    continue
         finally:
             if not future.done():
                 executor.terminate(kill_workers=True)
