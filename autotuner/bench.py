@@ -621,13 +621,9 @@ def _serve(fd: int, device: str = "cpu") -> None:
 
 def _report_crashes() -> None:
     """Have a crash of this measuring process (a kernel that segfaults on the CPU side) print its Python
-    stack on stderr (:mod:`faulthandler`). Disabled first: enabling it again would keep whichever handler
-    was installed after it (a forked child also starts with every handler reset)."""
-    import faulthandler
-
+    stack on stderr (:func:`.procs.report_crashes`)."""
     try:
-        faulthandler.disable()
-        faulthandler.enable(sys.__stderr__)
+        procs.report_crashes(sys.__stderr__)
     except (AttributeError, OSError, ValueError, RuntimeError):  # no usable stderr: no report
         pass
 

@@ -288,15 +288,11 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
               pass_configs: dict[str, Any] | None, wfd: int, leader: int, fault: str) -> None:
     """Runs in the compiler process (the compile child's child): build, report through ``wfd``. A crash
     (SIGSEGV in the compiler) leaves its Python stack in ``fault``, for the trial's error."""
-    import faulthandler
     import pickle
 
     status, err, prim = Status.OK, None, None
     try:
-        # disabled first: enabling it again only changes its file, and a handler installed after it (TVM's
-        # backtrace printer, when pytest enabled it in the parent) would stay the one that runs
-        faulthandler.disable()
-        faulthandler.enable(open(fault, "w"))  # noqa: SIM115 - open until this process ends
+        procs.report_crashes(open(fault, "w"))  # noqa: SIM115 - open until this process ends
         procs.die_with_parent(leader, signal.SIGKILL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         # This throwaway process leaves through os._exit, which skips the finalizers that tell an
@@ -518,21 +514,20 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
     elif backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
         outcomes = _forked_pool(n, tasks, ready) if n > 1 else (compile_task(*t) for t in tasks)
+    elif backend == "loky" and n == 1 and not forking.fork_safe():
+        outcomes = _one_loky_worker(tasks, me)  # joblib would run the one job in this process, which may not fork
     else:
         from joblib import Parallel, delayed
 
         jobs = [delayed(compile_task)(*t) for t in tasks]
-        if backend == "loky" and n == 1 and not forking.fork_safe():
-            outcomes = _one_loky_worker(tasks, me)  # joblib runs one job in this process, which may not fork
-        elif backend == "loky" and n > 1:
+        if backend == "loky" and n > 1:
             from joblib.parallel import LokyBackend
 
             parallel = Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
                                 return_as="generator_unordered")
-            outcomes = parallel(jobs)
         else:
             parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
-            outcomes = parallel(jobs)
+        outcomes = parallel(jobs)
     forked = backend == "multiprocessing" and n > 1  # the forked pool says itself when its workers exist
     return _placed(outcomes, where, None if forked else ready)
 

@@ -45,6 +45,7 @@ __all__ = [
     "name_process",
     "python_child_argv",
     "remove_tree",
+    "report_crashes",
     "run_scratch",
     "track",
     "untrack",
@@ -174,6 +175,16 @@ def watch_parent(parent_pid: int, sig: int = signal.SIGTERM, interval: float = 0
     thread = threading.Thread(target=watch, name="tilecarve-parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def report_crashes(file: Any) -> None:
+    """Have a crash of this process (SIGSEGV, SIGABRT, ...) write its Python stack to ``file``
+    (:mod:`faulthandler`). Disabled first: enabling it again only changes its file, and a handler installed
+    after it (TVM's backtrace printer, when pytest enabled it in a parent) would stay the one that runs."""
+    import faulthandler
+
+    faulthandler.disable()
+    faulthandler.enable(file)
 
 
 def worker_init(parent_pid: int) -> None:
