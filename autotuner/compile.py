@@ -45,8 +45,9 @@ from .settings import resolve_out_idx
 from .trial import Status, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
-           "compile_task", "dump_prim", "elaborate_config", "kernel_globals", "kernel_sources", "load_prim",
-           "restore_globals", "seed_linecache", "terminate_pool", "tl_compile", "warm_worker"]
+           "compile_task", "dump_prim", "elaborate_config", "fork_free", "in_loky_worker", "kernel_globals",
+           "kernel_sources", "load_prim", "restore_globals", "seed_linecache", "terminate_pool", "tl_compile",
+           "warm_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -515,7 +516,7 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
         # one worker: compile from this process (each compile still in a killable child)
         outcomes = _forked_pool(n, tasks, ready) if n > 1 else (compile_task(*t) for t in tasks)
     elif backend == "loky" and n == 1 and not forking.fork_safe():
-        outcomes = _one_loky_worker(tasks, me)  # joblib would run the one job in this process, which may not fork
+        outcomes = _one_loky_worker(tasks)  # joblib would run the one job in this process, which may not fork
     else:
         from joblib import Parallel, delayed
 
@@ -544,29 +545,41 @@ def _fork_free(backend: str, n: int) -> str:
     return "loky"
 
 
-def _one_loky_worker(tasks: list[tuple], parent_pid: int) -> Iterator[CompileOutcome]:
-    """``tasks`` compiled one after another in one of loky's workers (a fresh interpreter): joblib runs
-    ``n_jobs=1`` in this process, whose compile child would be forked from it. Interrupted while a compile
-    runs (Ctrl-C, an exception, ``close()``), the worker is killed, and its compile child's group with it
-    (:func:`.procs.worker_init`), as joblib does with its own loky pools."""
+def _one_loky_worker(tasks: list[tuple]) -> Iterator[CompileOutcome]:
+    """``tasks`` compiled one after another in this process's loky worker (:func:`in_loky_worker`): joblib
+    runs ``n_jobs=1`` in this process, whose compile child would be forked from it."""
+    for t in tasks:
+        yield in_loky_worker(compile_task, *t)
+
+
+def in_loky_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in this process's one loky worker (joblib's reusable executor: a fresh interpreter,
+    started on the first call and kept for the next ones), for a process that may not fork
+    (:func:`.forking.fork_safe`) and would have the compile child forked from it. Interrupted while it
+    runs (Ctrl-C, an exception, ``close()`` of a caller's generator), the worker is killed, and its compile
+    child's group with it (:func:`.procs.worker_init`, which also ends the worker when this process dies),
+    as joblib does with its own loky pools."""
     from concurrent.futures import TimeoutError as FutureTimeout
 
     from joblib.executor import get_memmapping_executor  # joblib's reusable loky executor, one worker
 
-    executor = get_memmapping_executor(1, initializer=procs.worker_init, initargs=(parent_pid,))
-    for t in tasks:
-        future = executor.submit(compile_task, *t)
-        try:
-            while True:  # a bounded wait, so that a Ctrl-C delivered to another thread of this process is seen
-                try:
-                    outcome = future.result(timeout=0.2)
-                    break
-                except FutureTimeout:
-                    continue
-        finally:
-            if not future.done():
-                executor.terminate(kill_workers=True)
-        yield outcome
+    executor = get_memmapping_executor(1, initializer=procs.worker_init, initargs=(os.getpid(),))
+    future = executor.submit(fn, *args)
+    try:
+        while True:  # a bounded wait, so that a Ctrl-C delivered to another thread of this process is seen
+            try:
+                return future.result(timeout=0.2)
+            except FutureTimeout:
+                continue
+    finally:
+        if not future.done():
+            executor.terminate(kill_workers=True)
+
+
+def fork_free(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` here where this process may fork (:func:`.forking.fork_safe`), else in its loky worker
+    (:func:`in_loky_worker`): what a Ray compile task runs, since a Ray worker never may."""
+    return fn(*args) if forking.fork_safe() else in_loky_worker(fn, *args)
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],

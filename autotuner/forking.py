@@ -14,9 +14,8 @@ nothing in it may count on a thread pool its parent started:
 * Ray's threads: no forking in a process that has been a Ray driver, even after ``ray.shutdown()``, which
   leaves several of its C++ threads running (8-9 seen with Ray 2.60); children forked after it died of
   SIGSEGV in ordinary allocation (CI, 2026-11-23). :func:`fork_safe` is that rule for the tuning
-  process's forks that go on running Python: measuring processes, compile workers, the driver query.
-  One exception: a compile task on Ray (``backend="ray"``) still forks its killable compile child inside
-  the Ray worker that runs it (:func:`.compile.compile_task`); no crash has been seen there.
+  process's forks that go on running Python: measuring processes, compile workers, the driver query,
+  and a Ray worker's compile child (:func:`.compile.fork_free`: forked from the Ray worker's loky worker).
 
 Then:
 

@@ -6,7 +6,8 @@
 * **Compiling.** One Ray task per config (``num_cpus=1``; ``n_jobs`` bounds how many run at once, and
   at first only a few per GPU run, on the workers the plan readied: :func:`compile_slots`),
   running the very :func:`.compile.compile_task` a local worker runs: a killable child per compile,
-  with its timeout. The kernel travels as it does to joblib workers (cloudpickle, with the globals it
+  with its timeout, forked from the Ray worker's own loky worker (a fresh interpreter), never from the
+  Ray worker (:mod:`.forking`). The kernel travels as it does to joblib workers (cloudpickle, with the globals it
   needs and a notebook kernel's source), once per run through Ray's object store. Outcomes come back
   as they finish. A task lost with its worker or node is retried by Ray, then recorded as a
   ``compile_error``.
@@ -42,7 +43,7 @@ from typing import Any
 
 from . import procs, spares
 from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload, start_device
-from .compile import CompileOutcome, cloudpickle_module, compile_task, kernel_sources, warm_worker
+from .compile import CompileOutcome, cloudpickle_module, compile_task, fork_free, kernel_sources, warm_worker
 from .devices import Device, DeviceLost, device_name
 from .trial import Status
 
@@ -305,8 +306,10 @@ def compile_slots(ray: Any, n_jobs: int | None, n_tasks: int | None = None) -> t
 def _ray_compile(kind: str, *args: Any) -> Any:
     """The one remote function of a run's compile side: ``"warm"`` runs :func:`.compile.warm_worker`, else
     :func:`.compile.compile_task`. One function, so one Ray scheduling class: the workers leased for the
-    warm-ups are the ones the compiles queue on, not new workers started beside them."""
-    return warm_worker(*args) if kind == "warm" else compile_task(*args)
+    warm-ups are the ones the compiles queue on, not new workers started beside them. Either runs in the
+    Ray worker's loky worker (:func:`.compile.fork_free`), because a Ray worker forks no Python child
+    (:mod:`.forking`): the warm-up starts that worker, and each compile forks its child from it."""
+    return fork_free(warm_worker if kind == "warm" else compile_task, *args)
 
 
 def _compile_remote(ray: Any) -> Any:

@@ -67,10 +67,12 @@ def test_a_matmul_tuned_on_a_local_ray_cluster_is_measured_on_every_gpu():
 def local_ray(tmp_path_factory):
     import ray
 
-    os.environ.setdefault("TILELANG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tilelang-cache"))
-    ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # alike on any host
-    yield ray
-    ray.shutdown()  # this process forks nothing from now on (forking.fork_safe); conftest.py runs this module last
+    with pytest.MonkeyPatch.context() as mp:  # the workers share the tests' cache; set for this module only
+        mp.setenv("TILELANG_CACHE_DIR", os.environ.get("TILELANG_CACHE_DIR",
+                                                       str(tmp_path_factory.getbasetemp() / "tilelang-cache")))
+        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)  # alike on any host
+        yield ray
+        ray.shutdown()  # this process forks nothing from now on (forking.fork_safe); conftest.py runs this last
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +170,47 @@ def test_a_ray_driver_forks_nothing_while_connected_or_after_shutdown(ray_run, t
                          env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
                               "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.split() == ["True", "False"], (out.stdout, out.stderr[-2000:])
+
+
+@needs_ray
+def test_a_ray_worker_compiles_without_forking_a_python_child(local_ray, monkeypatch):
+    """A Ray worker has Ray's threads, so the compile child is forked from its loky worker, not from it: a
+    compile task runs with ``os.fork`` made to raise in the Ray worker, and the warm-up ran in that other
+    process too."""
+    from kernels.c_kernels import add
+
+    from autotuner.compile import CompileBatch, compile_many
+    from autotuner.target import resolve_target
+
+    tasks: list[tuple] = []
+    real = ray_cluster.compile_on_ray
+
+    def spy(t, n_jobs):
+        tasks.extend(t)
+        return real(t, n_jobs)
+
+    monkeypatch.setattr(ray_cluster, "compile_on_ray", spy)
+    batch = CompileBatch(add, [dict(block_M=16, block_N=16)], [0], resolve_target("c").spec, 120.0)
+    assert [o.status for o in compile_many([batch], n_jobs=1, backend="ray")] == ["ok"]
+
+    def in_a_ray_worker(task):  # nested, so that Ray pickles it by value
+        import os
+
+        from autotuner import forking
+        from autotuner.ray_cluster import _ray_compile
+
+        def refuse():
+            raise AssertionError("forked in a Ray worker")
+
+        fork, os.fork = os.fork, refuse
+        try:
+            return forking.fork_safe(), _ray_compile("warm", task[0], task[2], task[8]), _ray_compile("compile", *task)
+        finally:
+            os.fork = fork
+
+    remote = local_ray.remote(in_a_ray_worker).options(num_cpus=1, **ray_cluster.run_options(local_ray))
+    safe, warm_s, outcome = local_ray.get(remote.remote(tasks[0]), timeout=300)
+    assert safe is False and warm_s >= 0 and outcome.status == "ok", outcome
 
 
 @needs_ray
