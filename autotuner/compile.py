@@ -42,12 +42,12 @@ from typing import Any
 from . import forking, procs
 from .config import merge_pass_configs, split_config
 from .settings import resolve_out_idx
-from .trial import Status, format_error
+from .trial import Status, error_headline, format_error
 
-__all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_many",
-           "compile_task", "dump_prim", "elaborate_config", "fork_free", "in_loky_worker", "kernel_globals",
-           "kernel_sources", "load_prim", "restore_globals", "seed_linecache", "terminate_pool", "tl_compile",
-           "warm_worker"]
+__all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_in_loky",
+           "compile_many", "compile_task", "dump_prim", "elaborate_config", "fork_free", "in_loky_worker",
+           "kernel_globals", "kernel_sources", "load_prim", "restore_globals", "seed_linecache", "terminate_pool",
+           "tl_compile", "warm_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -526,9 +526,10 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
 
             parallel = Parallel(n_jobs=n, backend=LokyBackend(initializer=procs.worker_init, initargs=(me,)),
                                 return_as="generator_unordered")
+            outcomes = _loky_pool(parallel, jobs, tasks)
         else:
             parallel = Parallel(n_jobs=n, backend=backend, return_as="generator_unordered" if n > 1 else "generator")
-        outcomes = parallel(jobs)
+            outcomes = parallel(jobs)
     forked = backend == "multiprocessing" and n > 1  # the forked pool says itself when its workers exist
     return _placed(outcomes, where, None if forked else ready)
 
@@ -546,10 +547,48 @@ def _fork_free(backend: str, n: int) -> str:
 
 
 def _one_loky_worker(tasks: list[tuple]) -> Iterator[CompileOutcome]:
-    """``tasks`` compiled one after another in this process's loky worker (:func:`in_loky_worker`): joblib
+    """``tasks`` compiled one after another in this process's loky worker (:func:`compile_in_loky`): joblib
     runs ``n_jobs=1`` in this process, whose compile child would be forked from it."""
     for t in tasks:
-        yield in_loky_worker(compile_task, *t)
+        yield compile_in_loky(*t)
+
+
+def compile_in_loky(*task: Any) -> CompileOutcome:
+    """:func:`compile_task` in this process's loky worker (:func:`in_loky_worker`). A worker killed from
+    outside (the OOM killer, ``kill -9``) costs this config only: a ``compile_error`` saying so, and the
+    next call starts a new worker."""
+    from concurrent.futures import BrokenExecutor
+
+    t0 = time.perf_counter()
+    try:
+        return in_loky_worker(compile_task, *task)
+    except BrokenExecutor as e:
+        return CompileOutcome(task[3], Status.COMPILE_ERROR, "the compile worker died while compiling this config: "
+                              f"killed from outside, e.g. by the OOM killer ({error_headline(format_error(e), 300)})",
+                              time.perf_counter() - t0)
+
+
+def _loky_pool(parallel: Any, jobs: list, tasks: list[tuple]) -> Iterator[CompileOutcome]:
+    """The outcomes of joblib's loky pool, and where one of its workers is killed from outside (joblib then
+    ends the whole pool, and which config that worker held is not known), the configs left compiled one at
+    a time (:func:`compile_in_loky`), so that only the config whose worker dies again fails."""
+    from concurrent.futures import BrokenExecutor
+
+    done: set[int] = set()
+    pool = parallel(jobs)
+    try:
+        for out in pool:
+            done.add(out.index)
+            yield out
+        return
+    except BrokenExecutor as e:
+        left = [t for t in tasks if t[3] not in done]
+        logger.warning("a compile worker died, killed from outside (%s); compiling the %d configs left one at a "
+                       "time", error_headline(format_error(e), 200), len(left))
+    finally:
+        pool.close()  # closed early (an exception, Ctrl-C): joblib stops its workers
+    for t in left:
+        yield compile_in_loky(*t)
 
 
 def in_loky_worker(fn: Callable[..., Any], *args: Any) -> Any:
@@ -577,9 +616,12 @@ def in_loky_worker(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def fork_free(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` here where this process may fork (:func:`.forking.fork_safe`), else in its loky worker
-    (:func:`in_loky_worker`): what a Ray compile task runs, since a Ray worker never may."""
-    return fn(*args) if forking.fork_safe() else in_loky_worker(fn, *args)
+    """``fn(*args)`` here where this process may fork (:func:`.forking.fork_safe`), else in its loky worker:
+    what a Ray compile task runs, since a Ray worker never may. :func:`compile_task` goes through
+    :func:`compile_in_loky`, so that a worker killed from outside costs its config only."""
+    if forking.fork_safe():
+        return fn(*args)
+    return compile_in_loky(*args) if fn is compile_task else in_loky_worker(fn, *args)
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],

@@ -310,6 +310,27 @@ def test_a_compile_worker_killed_from_outside_costs_its_config_not_the_run(tmp_p
     assert not [p for p in victims if _alive(p)], "the dead worker's compile child or grandchild lives on"
 
 
+@pytest.mark.parametrize("n_jobs, backend, after_ray", [(2, "loky", False), (2, "multiprocessing", False),
+                                                       (1, None, True), (2, None, True)])
+def test_a_killed_compile_worker_costs_its_config_on_every_backend(monkeypatch, n_jobs, backend, after_ray):
+    """The worker compiling config 1 is SIGKILLed (by its own compiler, standing in for the OOM killer): that
+    config is a compile_error, every other config compiles. joblib ends a loky pool when one of its workers
+    dies, so the configs left are compiled again one at a time; the forked pool and the one loky worker
+    (after Ray) know which config the dead worker held."""
+    from kernels.c_kernels import add_killing_worker
+
+    from autotuner import forking
+    from autotuner.compile import compile_all
+
+    monkeypatch.setattr(forking, "_RAY_SEEN", after_ray)
+    configs = [dict(block_M=16), dict(block_M=32, kill_worker=True), dict(block_M=64), dict(block_M=128)]
+    outcomes = {o.index: o for o in compile_all(add_killing_worker, configs, [0, 1, 2, 3], "c", timeout=120,
+                                                 n_jobs=n_jobs, backend=backend)}
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    assert outcomes[1].status == "compile_error" and "killed from outside" in outcomes[1].error, outcomes[1]
+    assert all(outcomes[i].status == "ok" for i in (0, 2, 3)), outcomes
+
+
 def test_an_interrupted_compile_in_the_one_loky_worker_stops_with_its_worker(tmp_path, monkeypatch):
     """A process that has run Ray compiles with one worker in loky's (joblib would compile here). Ctrl-C
     while a compile hangs, in a process that goes on (a notebook): the compile and its grandchild die

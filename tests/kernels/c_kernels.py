@@ -74,3 +74,17 @@ def add_crashing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, mode
                     C[by * block_M + i, bx * block_N + j] = A[by * block_M + i, bx * block_N + j] + B[by * block_M + i, bx * block_N + j] + s * 0
 
     return main
+
+
+def add_killing_worker(block_M: int = 32, block_N: int = 32, thread_num: int = 1, kill_worker: bool = False):
+    """Like add; kill_worker=True SIGKILLs the compile worker from the compiler process (its grandchild), as
+    the OOM killer or ``kill -9`` would: the worker dies while it compiles this config."""
+    if kill_worker:
+        import os
+        import signal
+
+        with open(f"/proc/{os.getppid()}/stat") as f:  # the compile child's parent: the worker
+            worker = int(f.read().rsplit(")", 1)[1].split()[1])
+        os.kill(worker, signal.SIGKILL)
+        time.sleep(60)  # killed with its worker's compile group meanwhile
+    return add(block_M, block_N, thread_num)
