@@ -41,7 +41,16 @@ from typing import Any, Protocol
 
 from . import forking, procs, spares
 from .cache import prim_hash
-from .check import compare, make_args, manual_check, poison_, run_reference, same_bits, supplied_inputs
+from .check import (
+    compare,
+    make_args,
+    manual_check,
+    needs_second_poison,
+    poison_,
+    run_reference,
+    same_bits,
+    supplied_inputs,
+)
 from .compile import (
     build,
     cloudpickle_module,
@@ -133,12 +142,13 @@ class _Case:
     refs: list[Any] | None = None  # the reference's outputs, made at the first check (re-timing needs none)
     ref_latency: float | None = None  # the reference timed on these inputs, when it was timed on them
 
-    def prepare(self, poison: bool) -> None:
-        """Outputs poisoned (when checking), reset-to-zero arguments zeroed, restored ones restored."""
+    def prepare(self, poison: bool, second: bool = False) -> None:
+        """Outputs poisoned (when checking; ``second``: with the second poison, :func:`.check.poison_`),
+        reset-to-zero arguments zeroed, restored ones restored."""
         if poison:
             for i in self.out_idx:
                 if i not in self.zero and i not in self.restore:
-                    poison_(self.args[i])
+                    poison_(self.args[i], second)
         for i in self.zero:
             self.args[i].zero_()
         for i in self.restore:
@@ -259,8 +269,10 @@ class Bench:
         s, t = self.spec.check, self.spec.timing
         if case.refs is None and s.ref_prog is not None:
             ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
-            case.refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
-                                      [tuple(case.args[i].shape) for i in case.out_idx])
+            refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
+                                 [tuple(case.args[i].shape) for i in case.out_idx])
+            # copies: a reference that updates an input in place returns it, and timing it below goes on changing it
+            case.refs = [r.clone() if hasattr(r, "clone") else r for r in refs]
             self.stamps.append((time.time(), f"reference run{self.tag}"))
             if self.ref_latency is None:
                 ref = s.ref_prog
@@ -278,17 +290,23 @@ class Bench:
         """
         case = self._case(jit)
         refs = self._refs(case)  # before the candidate runs: a wrong problem is found before any candidate
-        case.prepare(poison=True)
-        try:
-            self.launched = True
-            jit(*case.args)
-            self._sync()
-        except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
-            return Status.RUNTIME_ERROR, format_error(e)
-        why = self._written_message(case, "")
-        if why is None:
-            why = self._check([case.args[i] for i in case.out_idx], refs)
-        return None if why is None else (Status.MISMATCH, why)
+        outs = [case.args[i] for i in case.out_idx]
+        for second in (False, True):  # the second poison only where the first could pass unwritten elements
+            if second and not needs_second_poison(outs, refs):
+                break
+            case.prepare(poison=True, second=second)
+            try:
+                self.launched = True
+                jit(*case.args)
+                self._sync()
+            except Exception as e:  # noqa: BLE001 - any launch failure is this config's runtime_error
+                return Status.RUNTIME_ERROR, format_error(e)
+            why = self._written_message(case, "")
+            if why is None:
+                why = self._check(outs, refs)
+            if why is not None:
+                return Status.MISMATCH, why + (" (with the second poison: elements never written)" if second else "")
+        return None
 
     @staticmethod
     def _written_message(case: _Case, when: str) -> str | None:

@@ -14,8 +14,8 @@ from typing import Any
 
 from .errors import TuningInputError
 
-__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "manual_check", "parse_supply_type", "poison_",
-           "run_reference", "same_bits", "supplied_inputs", "torch_dtype"]
+__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "manual_check", "needs_second_poison",
+           "parse_supply_type", "poison_", "run_reference", "same_bits", "supplied_inputs", "torch_dtype"]
 
 
 class SupplyType(enum.Enum):
@@ -92,16 +92,33 @@ def _fill(shape: list[int], dtype: Any, supply: SupplyType, device: str, gen: An
     return t.to(dtype=dtype, device=device)
 
 
-def poison_(t: Any) -> Any:
-    """Fill an output buffer in place with a value no correct kernel leaves there (NaN; for
-    integers their minimum), so an element the kernel never writes fails the check."""
+def poison_(t: Any, second: bool = False) -> Any:
+    """Fill an output buffer in place with a poison value, so that an element the kernel never writes
+    fails the check: NaN for floats, the minimum for integers, False for bools; ``second``: +inf, the
+    maximum, True. Where the correct value can be the first poison (any integer or bool output, a float
+    reference holding NaN), the candidate is checked again with the second (:func:`needs_second_poison`)."""
     import torch
 
     if t.is_floating_point():
-        return t.fill_(float("nan"))
+        return t.fill_(float("inf") if second else float("nan"))
     if t.dtype == torch.bool:
-        return t.zero_()
-    return t.fill_(torch.iinfo(t.dtype).min)
+        return t.fill_(second)
+    info = torch.iinfo(t.dtype)
+    return t.fill_(info.max if second else info.min)
+
+
+def needs_second_poison(outputs: Sequence[Any], refs: Sequence[Any] | None) -> bool:
+    """Whether an unwritten element could pass a check against the first poison: an integer or bool output
+    (0 is unsigned integers' minimum, False a bool's), or a float output whose reference holds NaN."""
+    import torch
+
+    for j, o in enumerate(outputs):
+        if not o.is_floating_point():
+            return True
+        r = refs[j] if refs is not None and j < len(refs) else None
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and bool(torch.isnan(r).any()):
+            return True
+    return False
 
 
 def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, device: str,
@@ -167,9 +184,11 @@ def manual_check(manual_check_prog: Callable[..., Any], outputs: list[Any], refs
                 return f"output {j}: {int(unwritten.sum())} elements still hold NaN poison (never written)"
     try:
         verdict = manual_check_prog(outputs, refs)
-    except Exception as e:  # noqa: BLE001 - the user's check failing is the verdict
+        if verdict is None or bool(verdict):  # a falsy verdict of any type fails: torch.all(...), numpy.bool_
+            return None
+    except Exception as e:  # noqa: BLE001 - the user's check failing (or no truth value) is the verdict
         return f"manual_check_prog rejected the outputs: {type(e).__name__}: {e}"
-    return "manual_check_prog returned False" if verdict is False else None
+    return f"manual_check_prog returned {verdict!r}"
 
 
 @dataclass(frozen=True)
@@ -182,7 +201,9 @@ class CheckResult:
 
 def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: float,
             max_mismatched_ratio: float) -> CheckResult:
-    """Element-wise ``|out - ref| <= atol + rtol*|ref|``; NaN in the output never passes."""
+    """Element-wise ``|out - ref| <= atol + rtol*|ref|`` where the reference is finite; where it is not,
+    only the same value passes (an infinity of the same sign; NaN where the reference has NaN), as in
+    ``torch.isclose``. NaN in the output passes nowhere else."""
     import torch
 
     if len(outputs) != len(refs):
@@ -199,8 +220,8 @@ def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: floa
         of = o.detach().to(dtype=wide)
         rf = r.detach().to(device=o.device, dtype=wide)
         diff = (of - rf).abs()
-        tol = atol + rtol * rf.abs()
-        mism = ~(diff <= tol)  # NaN compares False, so it counts as a mismatch
+        tol = atol + rtol * rf.abs()  # infinite where the reference is: only equality may pass there
+        mism = ~((of == rf) | (torch.isfinite(rf) & (diff <= tol)))  # NaN compares False: a mismatch
         mism &= ~(torch.isnan(of) & torch.isnan(rf))  # both NaN: the reference agrees
         n = int(mism.sum())
         bad += n

@@ -25,9 +25,11 @@ from kernels.trust_kernels import (
     add_clobber,
     add_helper,
     add_loud,
+    div_guarded,
     ref_add,
     ref_scale,
     scale_inplace,
+    tril,
 )
 
 from autotuner import (
@@ -85,6 +87,84 @@ def test_the_reference_may_change_its_inputs_without_harming_the_candidates():
 
     result = tuner(add_clobber, [dict(block_M=16), dict(block_M=32)], ref_prog=ref_that_scribbles).run(1, 3)
     assert [t.status for t in result.trials] == [Status.OK, Status.OK], result.trials
+
+
+def test_a_reference_that_updates_its_input_in_place_and_returns_it_keeps_its_answer():
+    """Its result aliases the input it updates, and timing the reference goes on updating that input: the
+    outputs it is compared with are copies taken when it first ran."""
+    result = tuner(scale_inplace, [dict(block_M=16), dict(block_M=32)], out_idx=[0], restore_value=["X"],
+                   ref_prog=lambda X, Y: X.mul_(2).add_(Y)).run(1, 3)
+    assert [t.status for t in result.trials] == [Status.OK, Status.OK], result.trials
+
+
+def test_an_infinite_reference_is_matched_only_by_the_same_infinity():
+    from autotuner.check import compare
+
+    ref = torch.tensor([float("inf"), float("-inf"), 1.0])
+    assert compare([ref.clone()], [ref], 1e-2, 1e-2, 0.0).ok
+    for wrong in ([0.0, float("-inf"), 1.0], [float("inf"), float("inf"), 1.0], [float("nan"), float("-inf"), 1.0]):
+        assert not compare([torch.tensor(wrong)], [ref], 1e-2, 1e-2, 0.0).ok, wrong
+
+    def zeros_in_b(params):  # A / B has +-inf where B == 0
+        g = torch.Generator().manual_seed(0)
+        return [torch.rand(A64, generator=g) + 1, torch.randint(-2, 3, A64, generator=g).float()]
+
+    def run(guard):
+        return (AutoTuner.from_kernel(div_guarded, [dict(guard=guard)]).set_compile_args(out_idx=[-1], target="c")
+                .set_profile_args(ref_prog=lambda A, B: A / B, supply_prog=zeros_in_b)
+                .set_tuning(n_jobs=1, isolate=False, progress=False, cache=False).run(1, 3))
+
+    assert [t.status for t in run(False).trials] == [Status.OK]
+    with pytest.raises(TuningError, match="mismatch"):
+        run(True)  # writes 0 where the reference is infinite
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "float32"])
+def test_an_output_element_never_written_fails_whatever_the_right_value_is(dtype):
+    """The kernel that skips the upper triangle, whose right value (0) is the first poison of unsigned
+    integers, is a mismatch through the second poison; the one that writes it passes. (TileLang's C target
+    compiles no bool buffers: bool's poisons are checked below.)"""
+    ref = lambda A: torch.tril(A)  # noqa: E731
+    ok = tuner(tril, [dict(dtype=dtype)], out_idx=[-1], ref_prog=ref, supply_type="integer").run(1, 3)
+    assert [t.status for t in ok.trials] == [Status.OK]
+    with pytest.raises(TuningError, match="mismatch") as e:
+        tuner(tril, [dict(dtype=dtype, skip_zeros=True)], out_idx=[-1], ref_prog=ref, supply_type="integer").run(1, 3)
+    assert ("with the second poison" in str(e.value)) == (dtype == "uint8"), str(e.value)  # signed: the first
+
+
+def test_every_dtype_has_two_poisons_and_the_second_is_used_where_the_first_can_be_right():
+    from autotuner.check import needs_second_poison, poison_
+
+    for dtype in (torch.bool, torch.uint8, torch.int8, torch.int64, torch.float16, torch.bfloat16, torch.float32):
+        first, second = poison_(torch.empty(3, dtype=dtype)), poison_(torch.empty(3, dtype=dtype), second=True)
+        assert not bool((first == second).any()), dtype
+        assert needs_second_poison([first], None) == (not dtype.is_floating_point), dtype
+    floats = torch.zeros(3)
+    assert not needs_second_poison([floats], [torch.ones(3)])
+    assert needs_second_poison([floats], [torch.tensor([1.0, float("nan"), 0.0])])
+
+
+def test_a_float_reference_with_nan_where_nothing_is_written_is_caught_by_the_second_poison():
+    def ref(A):  # NaN in the upper triangle: the first poison would match it there
+        return torch.tril(A) + torch.triu(torch.full_like(A, float("nan")), diagonal=1)
+
+    with pytest.raises(TuningError, match="second poison"):
+        tuner(tril, [dict(dtype="float32", skip_zeros=True)], out_idx=[-1], ref_prog=ref).run(1, 3)
+
+
+@pytest.mark.parametrize("verdict", [False, "tensor", "numpy", "raises"])
+def test_a_falsy_manual_check_verdict_of_any_type_is_a_mismatch(verdict):
+    import numpy as np
+    from kernels.c_kernels import add_buggy
+
+    def check(outs, refs):
+        same = torch.isclose(outs[0], refs[0], atol=1e-2)
+        return {False: bool(same.all()), "tensor": same.all(), "numpy": np.all(same.numpy()), "raises": same}[verdict]
+
+    with pytest.raises(TuningError, match="manual_check_prog"):  # block_N=16 computes A - B
+        (AutoTuner.from_kernel(add_buggy, [dict(block_N=16)]).set_compile_args(out_idx=[-1], target="c")
+         .set_profile_args(ref_prog=ref_add, manual_check_prog=check)
+         .set_tuning(n_jobs=1, isolate=False, progress=False, cache=False).run(1, 3))
 
 
 @pytest.mark.parametrize("isolate", [False, True])

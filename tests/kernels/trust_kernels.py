@@ -117,3 +117,35 @@ def add_trap(block_M: int = 32, block_N: int = 32, threads: int = 128, trap: boo
 
 def ref_add(A, B):
     return A + B
+
+
+def div_guarded(block_M: int = 32, guard: bool = False):
+    """C = A / B; guard=True writes 0 where B == 0 instead of +-inf: wrong where the reference is infinite."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                if guard and B[by * block_M + i, j] == T.float32(0):
+                    C[by * block_M + i, j] = T.float32(0)
+                else:
+                    C[by * block_M + i, j] = A[by * block_M + i, j] / B[by * block_M + i, j]
+
+    return main
+
+
+def tril(block_M: int = 32, skip_zeros: bool = False, dtype: str = "uint8"):
+    """C = tril(A); skip_zeros=True never writes the upper triangle (it counts on a zeroed buffer): wrong
+    for an output allocated with torch.empty, and 0 is the first poison of unsigned integers and bools."""
+    zero = T.cast(0, dtype)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                if j <= by * block_M + i:
+                    C[by * block_M + i, j] = A[by * block_M + i, j]
+                elif not skip_zeros:
+                    C[by * block_M + i, j] = zero
+
+    return main
