@@ -357,13 +357,23 @@ class Bench:
 
         After a restart of the measuring process, or on a device that did not measure it, the kernel is
         loaded again (a disk-cache hit) from ``prim``, the PrimFunc its compile built and that was checked
-        and timed; the config is elaborated again only without one (a trial resumed from an earlier run).
-        ``None`` when it cannot be loaded or run again (the caller drops it from the finalists).
+        and timed; the config is elaborated again only without one (a trial resumed from an earlier run),
+        and then checked first, since the code it elaborates may have changed since that run.
+        ``None`` when it cannot be loaded, fails that check, or cannot be run again (the caller drops it
+        from the finalists).
         """
         try:
             if index not in self._kernels:
                 s = self.spec
-                self._kernels[index] = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
+                jit = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
+                if prim is None and index not in self._hashes:  # never checked in this run
+                    failed = self.check(jit)
+                    if failed is not None:
+                        logger.warning("config %s, resumed from an interrupted run, fails its check now (%s: %s); "
+                                       "not a finalist", config_label(cfg), failed[0], error_headline(failed[1]))
+                        return None
+                    self._hashes[index] = prim_hash(jit.prim_func)
+                self._kernels[index] = jit
             jit = self._kernels[index]
             return self._time(jit, self._case(jit), self.spec.timing.finalist_mode)
         except TuningInputError:

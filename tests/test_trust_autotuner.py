@@ -24,6 +24,7 @@ from kernels.trust_kernels import (
     add_by_process,
     add_clobber,
     add_helper,
+    add_helper_work,
     add_loud,
     div_guarded,
     ref_add,
@@ -218,6 +219,27 @@ def test_a_helper_edited_for_the_winner_only_is_not_served_from_the_cache(monkey
     assert {t.config["block_M"]: t.status for t in again.trials}[winner] == Status.MISMATCH
     a, b = torch.randn(A64), torch.randn(A64)
     torch.testing.assert_close(again.kernel(a, b), a + b)
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_resumed_trial_whose_code_changed_since_is_checked_before_it_can_win(monkeypatch, isolate):
+    """An interrupted run is resumed from its recorded trials; a helper edited meanwhile makes its winner
+    wrong. Its trial was checked in the earlier run only, so it is checked again before the finalist rounds
+    time it, and fails: the winner is a correct config, in this run and (cached) in the next."""
+    def tune():
+        configs = [dict(work=1), dict(work=20), dict(work=40)]  # work=1 is by far the fastest
+        return tuner(add_helper_work, configs, isolate=isolate).run(1, 5)
+
+    assert tune().config == dict(work=1)
+    db = sqlite3.connect(cache_dir() / "tuning.sqlite")
+    db.execute("UPDATE runs SET finished=NULL, best_config=NULL")  # as if interrupted in its finalist rounds
+    db.commit()
+    monkeypatch.setattr(trust_helper, "bias", lambda work: 1.0 if work == 1 else 0.0)
+    for attempt in range(2):
+        again = tune()
+        assert again.config["work"] != 1 and again.from_cache == (attempt == 1), (attempt, again.trials)
+        a, b = torch.randn(A64), torch.randn(A64)
+        torch.testing.assert_close(again.kernel(a, b), a + b)
 
 
 def test_a_warm_hit_is_checked_against_the_reference_once(monkeypatch):

@@ -149,3 +149,18 @@ def tril(block_M: int = 32, skip_zeros: bool = False, dtype: str = "uint8"):
                     C[by * block_M + i, j] = zero
 
     return main
+
+
+def add_helper_work(block_M: int = 16, work: int = 1):
+    """C = A + B + trust_helper.bias(work), the store repeated ``work`` times: a larger work is slower, the
+    result the same, so the fastest config is known."""
+    bias = trust_helper.bias(work)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for w in T.serial(work):
+                for i, j in T.Parallel(block_M, N):
+                    C[by * block_M + i, j] = A[by * block_M + i, j] + B[by * block_M + i, j] + bias + w * 0.0
+
+    return main
