@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .buckets import Buckets, as_buckets
-from .cache import DamagedRow, TuningDB, function_fingerprint
+from .cache import TuningDB, function_fingerprint
 from .compile import tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import TuningError
@@ -349,15 +349,12 @@ class KeyedKernel:
             return None
         db = TuningDB(tuner.run_settings.db_path)
         try:
-            stored = db.finished_run(tuner.cache_key(self.warmup, self.rep))
-        except DamagedRow as e:
-            logger.warning("%s: ignoring a damaged tuning-database row for %s (%s)", self.name, b, e)
-            return None
+            stored, why = tuner.stored_winner(db, tuner.cache_key(self.warmup, self.rep))
         finally:
             db.close()
-        if stored is None or stored.best_config not in tuner.configs:
-            return None
-        return stored.best_config, stored.best_latency_ms
+        if why is not None:
+            logger.warning("%s: not serving the tuning database's winner for %s: %s", self.name, b, why)
+        return None if stored is None else (stored.best_config, stored.best_latency_ms)
 
     def plan(self, key: Mapping[str, Any]) -> Any:
         """The :class:`~.tuner.Plan` that tunes ``key``'s bucket, for :func:`autotuner.tune_all`."""

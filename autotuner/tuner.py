@@ -65,7 +65,7 @@ from .settings import (
 from .target import ResolvedTarget, resolve_target
 from .timeline import Timeline
 from .timing import METHOD
-from .trial import STATUSES, Status, Trial, error_headline
+from .trial import STATUSES, Status, Trial, error_headline, format_error
 
 __all__ = ["STATUSES", "AutoTuner", "Plan", "Trial", "TuneResult", "TunedKernel", "TuningError", "TuningInputError"]
 
@@ -542,9 +542,7 @@ class AutoTuner:
         cfg = self.configs[self.configs.index(stored.best_config)]
         jit, phash = self._load(cfg, target)
         if phash != stored.best_prim:
-            return _distrust(f"the winner {config_label(cfg)} now elaborates to a different PrimFunc than the one "
-                             "tuned: code the kernel calls has changed, or the factory depends on the process it "
-                             "runs in (see KernelFactoryWarning)")
+            return _distrust(_elaborates_otherwise(cfg))
         if self.run_settings.recheck:
             failed = self._verified(jit, spec)
             if failed is not None:
@@ -553,6 +551,28 @@ class AutoTuner:
         trials = [stored.trials[i] for i in sorted(stored.trials)]
         return TuneResult(self._wrap(jit, target), cfg, stored.best_latency_ms, stored.ref_latency_ms, trials,
                           True, key, time.perf_counter() - t_start, str(target.spec))
+
+    def stored_winner(self, db: TuningDB, key: str) -> tuple[StoredRun | None, str | None]:
+        """The finished run stored under ``key`` if this tuner may serve its winner, and else why not (``None``
+        when nothing is stored): its rows must be sound (:meth:`_unsound`) and its winner must elaborate
+        here (bounded by ``compile_timeout``) to the PrimFunc that was tuned, as on :meth:`run`'s warm path.
+        Compiles nothing: for callers that serve a stored winner without tuning (:mod:`.keyed`)."""
+        try:
+            stored = db.finished_run(key)
+        except DamagedRow as e:
+            return None, f"a damaged row ({e})"
+        if stored is None or stored.best_config is None:
+            return None, None
+        why = self._unsound(stored)
+        if why is None:
+            cfg = self.configs[self.configs.index(stored.best_config)]
+            try:
+                phash = prim_hash(self._elaborate(cfg))
+            except Exception as e:  # noqa: BLE001 - the user's factory failing now: not a winner to serve
+                return None, f"the winner {config_label(cfg)} fails to elaborate now: {error_headline(format_error(e))}"
+            if phash != stored.best_prim:
+                why = _elaborates_otherwise(cfg)
+        return (None, why) if why is not None else (stored, None)
 
     def _unsound(self, stored: StoredRun) -> str | None:
         """Why a stored run cannot be what this tuner wrote for these configs, or ``None``."""
@@ -602,6 +622,11 @@ def _tilelang_run_options(options: Mapping[str, Any]) -> None:
         raise ValueError(f"early_stop_factor must be >= 1.0, got {options['early_stop_factor']!r}")
     if options.get("benchmark_multi_gpu"):
         logger.info("benchmark_multi_gpu: tilecarve measures every candidate on one GPU, so timings compare")
+
+
+def _elaborates_otherwise(cfg: dict[str, Any]) -> str:
+    return (f"the winner {config_label(cfg)} now elaborates to a different PrimFunc than the one tuned: code the "
+            "kernel calls has changed, or the factory depends on the process it runs in (see KernelFactoryWarning)")
 
 
 def _distrust(why: str) -> None:

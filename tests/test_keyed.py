@@ -16,7 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kernels.keyed_kernels import CONFIGS, make_keyed, scale_add
+from kernels import trust_helper
+from kernels.keyed_kernels import CONFIGS, make_keyed, scale_add, scale_add_helper
 
 import autotuner
 from autotuner import Buckets, KeyedKernel, TableError, TuningError, load_table, record, use_table, write_table
@@ -154,6 +155,22 @@ def test_the_database_serves_a_tuned_key_without_tuning(tuned, monkeypatch):
     fresh = make_keyed(tuned.db)
     assert fresh.config_for(key(3)) == (tuned.kk.config_for(key(3))[0], "database")
     assert fresh.stats["database"] == 1 and fresh.stats["compiles"] == 0
+
+
+def test_a_database_winner_whose_code_changed_since_is_not_served(tmp_path, monkeypatch, caplog):
+    """As on AutoTuner's warm path: the stored winner must elaborate to the PrimFunc that was tuned. A helper
+    edited since (outside the key) makes it wrong, and the keyed kernel falls back instead of serving it."""
+    kk = make_keyed(tmp_path / "tuning.sqlite", fn=scale_add_helper)
+    winner = kk.tune(key(40)).config
+    assert make_keyed(tmp_path / "tuning.sqlite", fn=scale_add_helper).config_for(key(40)) == (winner, "database")
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 1.0 if block_M == winner["block_M"] else 0.0)
+    fresh = make_keyed(tmp_path / "tuning.sqlite", fn=scale_add_helper)
+    with caplog.at_level(logging.WARNING, logger="autotuner.keyed"):
+        assert fresh.config_for(key(40))[1] == "fallback"
+    assert "elaborates to a different PrimFunc" in caplog.text and fresh.stats["database"] == 0
+    if fresh.config_for(key(40))[0] != winner:  # the fallback (the first candidate) is right unless it won
+        a, b = args(40)
+        torch.testing.assert_close(fresh(a, b), a * 2 + b)
 
 
 # ------------------------------------------------------------------------------------ tables
