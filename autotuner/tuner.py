@@ -242,7 +242,8 @@ class AutoTuner:
 
         ``validate(config)``, if given, returns reasons a config cannot run (a list of strings, a
         string, or ``None``/empty when it is legal); rejected configs are recorded as
-        ``resource_error`` without being compiled. ``carver``'s templates provide one.
+        ``resource_error`` without being compiled, as are configs it raises for or does not return for
+        within ``compile_timeout`` (it runs in this process). ``carver``'s templates provide one.
         """
         return cls(kernel, configs, validate)
 
@@ -593,9 +594,17 @@ class AutoTuner:
         return None
 
     def _reasons(self, cfg: dict[str, Any]) -> list[str]:
+        """Why ``validate`` refuses ``cfg``. A validate that raises for it, or does not return within
+        ``compile_timeout``, refuses it too, saying so: one config it cannot judge costs that config only."""
         if self.validate is None:
             return []
-        r = self.validate(dict(cfg))
+        timeout = self.compile_settings.compile_timeout
+        try:
+            r = _bounded(lambda: self.validate(dict(cfg)), timeout, f"validate({config_label(cfg)})")
+        except TuningError:
+            return [f"validate did not return within {timeout:g} s (compile_timeout) for this config"]
+        except Exception as e:  # noqa: BLE001 - the user's validate failing for this config: its verdict
+            return [f"validate raised {error_headline(format_error(e))}"]
         if not r:
             return []
         return [r] if isinstance(r, str) else [str(x) for x in r]

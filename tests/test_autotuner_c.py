@@ -95,6 +95,32 @@ def test_validate_rejects_before_compiling():
     assert rejected.status == "resource_error" and rejected.compile_s is None and "too large" in rejected.error
 
 
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_config_validate_cannot_judge_costs_that_config_only(fault):
+    """validate runs in the tuning process: one that raises for a config, or does not return within
+    compile_timeout, refuses that config (a resource_error saying so); the other plans of the job go on."""
+    from autotuner import tune_all
+
+    def validate(cfg):
+        if cfg["block_M"] == 64:
+            if fault == "hang":
+                time.sleep(3600)
+            return {16: []}[cfg["block_M"] * 2]  # a KeyError, as a table lookup that misses
+        return []
+
+    def tuner(configs, v=None):
+        return (AutoTuner.from_kernel(add, configs, validate=v)
+                .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c", compile_timeout=2)
+                .set_tuning(n_jobs=1, progress=False))
+
+    good, bad = tune_all([tuner([dict(block_M=16), dict(block_M=32)]),
+                          tuner([dict(block_M=32), dict(block_M=64)], validate)], errors="return")
+    assert good.config in (dict(block_M=16), dict(block_M=32)) and bad.config == dict(block_M=32)
+    refused = bad.trials[1]
+    assert refused.status == "resource_error" and refused.compile_s is None, refused
+    assert ("within 2 s" if fault == "hang" else "KeyError") in refused.error, refused.error
+
+
 def test_nothing_survives_says_what_failed():
     with pytest.raises(TuningError) as e:
         tune(add_failing, [dict(block_M=0), dict(block_M=48)])
