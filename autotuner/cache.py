@@ -426,6 +426,7 @@ class TuningDB:
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = db_file(path)
+        self._opened: dict[str, tuple[str, str, int, str]] = {}  # runs opened here: what re-opens one deleted
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -526,6 +527,7 @@ class TuningDB:
     def open_run(self, key: str, kernel: str, target: str, n_configs: int, meta: dict[str, Any]) -> None:
         """Open the run under ``key``. An unfinished one (the process was interrupted) keeps its trials,
         so the caller measures only what is missing; a finished one is started afresh."""
+        self._opened[key] = (kernel, target, n_configs, json.dumps(meta))
         with self._tx():
             row = self._conn.execute("SELECT finished FROM runs WHERE key=?", (key,)).fetchone()
             if row is None:
@@ -549,7 +551,14 @@ class TuningDB:
         self.delete([key])
 
     def record_trial(self, key: str, idx: int, trial: Trial) -> None:
+        """Record a trial of the run opened under ``key``. A run deleted while it runs (``tilecarve cache
+        clear`` in another process) is opened again first, so that the trials from then on are kept."""
         with self._tx():
+            if key in self._opened:
+                kernel, target, n_configs, meta = self._opened[key]
+                self._conn.execute("INSERT OR IGNORE INTO runs (key, kernel, target, created, finished, n_configs, "
+                                   "meta) VALUES (?, ?, ?, ?, NULL, ?, ?)",
+                                   (key, kernel, target, time.time(), n_configs, meta))
             self._insert_trial(key, idx, trial, time.time())
 
     def _insert_trial(self, key: str, idx: int, trial: Trial, recorded: float) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sqlite3
 import statistics
 import sys
 import time
@@ -165,6 +166,11 @@ class _Job:
                     except TuningError as e:  # the stored winner's factory hangs: this plan's failure
                         out[slot] = e
                         continue
+                    except sqlite3.Error as e:  # as _PlanRun._in_db: tune without the database
+                        warnings.warn(f"the tuning database {db.path} failed while looking up {plan.label} "
+                                      f"({type(e).__name__}: {e}); tuning goes on without it, and this result is "
+                                      "not stored", TuningCacheWarning, stacklevel=2)
+                        hit = db = None
                     if hit is not None:
                         out[slot] = hit
                     else:
@@ -317,8 +323,21 @@ class _PlanRun:
 
     def _store(self, i: int, trial: Trial) -> None:
         self.trials[i] = trial
-        if self.db is not None:
-            self.db.record_trial(self.plan.key, i, trial)
+        self._in_db("recording a trial", lambda db: db.record_trial(self.plan.key, i, trial))
+
+    def _in_db(self, what: str, call: Callable[[TuningDB], Any]) -> Any:
+        """``call(db)``; where the database fails (locked past its timeout by another process, a full disk,
+        a read-only file), a warning, and this plan goes on without it: its result is returned, not stored."""
+        if self.db is None:
+            return None
+        try:
+            return call(self.db)
+        except sqlite3.Error as e:
+            warnings.warn(f"the tuning database {self.db.path} failed while {what} for {self.plan.label} "
+                          f"({type(e).__name__}: {e}); tuning goes on without it, and this result is not stored",
+                          TuningCacheWarning, stacklevel=2)
+            self.db = None
+            return None
 
     def _note(self, i: int, trial: Trial) -> None:
         """Store a trial and count it on the bar."""
@@ -362,8 +381,7 @@ class _PlanRun:
         """The problem itself is wrong: nothing of this plan is worth keeping; the job goes on."""
         self.outcome = error
         self.prims.clear()
-        if self.db is not None:
-            self.db.discard_run(self.plan.key)
+        self._in_db("discarding the run", lambda db: db.discard_run(self.plan.key))
         self.job.bar.update(len(self.plan.configs) - self.counted)
         self.counted = len(self.plan.configs)
         bench.release(self.sid)
@@ -371,29 +389,15 @@ class _PlanRun:
     def resume_and_validate(self) -> list[int]:
         """Take the trials an interrupted run already recorded (if sound), reject configs ``validate``
         refuses, and return the indices left to compile."""
-        plan, db, configs = self.plan, self.db, self.plan.configs
-        if db is not None:
-            t = plan.spec.timing
-            db.open_run(plan.key, plan.kernel_name, str(plan.target.spec), len(configs),
-                        {"warmup": t.warmup, "rep": t.rep, "n_jobs": plan.run_settings.n_jobs, "prekey": plan.prekey})
-            try:
-                prior = db.trials(plan.key)
-            except DamagedRow as e:
-                _distrust(f"a damaged trial row ({e}) in the interrupted run")
-                db.forget_trials(plan.key, range(len(configs)))
-                prior = {}
-            bad = [i for i, tr in prior.items() if i >= len(configs) or tr.config != configs[i]]
-            if bad:
-                _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
-                db.forget_trials(plan.key, bad)
-            for i, tr in prior.items():
-                if i not in bad:
-                    self.trials[i] = tr
-                    self.counted += 1
-                    self.job.bar.update(1)
-            if len(prior) > len(bad):
-                logger.info("resuming an interrupted tuning run of %s: %d of %d trials already recorded",
-                            plan.label, len(prior) - len(bad), len(configs))
+        plan, configs = self.plan, self.plan.configs
+        prior = self._in_db("opening the run", self._resumed) or {}
+        for i, tr in prior.items():
+            self.trials[i] = tr
+            self.counted += 1
+            self.job.bar.update(1)
+        if prior:
+            logger.info("resuming an interrupted tuning run of %s: %d of %d trials already recorded",
+                        plan.label, len(prior), len(configs))
         to_compile = []
         for i, cfg in enumerate(configs):
             if self.trials[i] is not None:
@@ -405,9 +409,26 @@ class _PlanRun:
                 to_compile.append(i)
         return to_compile
 
+    def _resumed(self, db: TuningDB) -> dict[int, Trial]:
+        """Open this plan's run in ``db``; the sound trials an interrupted run of it recorded, by index."""
+        plan, configs, t = self.plan, self.plan.configs, self.plan.spec.timing
+        db.open_run(plan.key, plan.kernel_name, str(plan.target.spec), len(configs),
+                    {"warmup": t.warmup, "rep": t.rep, "n_jobs": plan.run_settings.n_jobs, "prekey": plan.prekey})
+        try:
+            prior = db.trials(plan.key)
+        except DamagedRow as e:
+            _distrust(f"a damaged trial row ({e}) in the interrupted run")
+            db.forget_trials(plan.key, range(len(configs)))
+            prior = {}
+        bad = [i for i, tr in prior.items() if i >= len(configs) or tr.config != configs[i]]
+        if bad:
+            _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
+            db.forget_trials(plan.key, bad)
+        return {i: tr for i, tr in prior.items() if i not in bad}
+
     def finish(self, bench: Measurer) -> None:
         """Finalist rounds, the pick, the winner loaded and checked as needed, stored: ``self.outcome``."""
-        plan, db = self.plan, self.db
+        plan = self.plan
         phases = dict(self.job.phases)
         last = time.perf_counter()
 
@@ -444,9 +465,8 @@ class _PlanRun:
                     raise TuningError(f"the winner {config_label(best.config)}, loaded again in this process, fails "
                                       f"its check ({failed}); its factory does not give the same kernel twice")
             mark("check the winner")
-        except TuningInputError as e:
-            if db is not None:
-                db.discard_run(plan.key)  # the problem is wrong: nothing of this run is worth keeping
+        except TuningInputError as e:  # the problem is wrong: nothing of this run is worth keeping
+            self._in_db("discarding the run", lambda db: db.discard_run(plan.key))
             self.outcome = e
             return
         except CudaContextLost:
@@ -454,9 +474,8 @@ class _PlanRun:
         except TuningError as e:
             self.outcome = e
             return
-        if db is not None:
-            db.finish_run(plan.key, best, ref_latency,
-                          phash or (prim_hash(jit.prim_func) if jit is not None else measured_hash))
+        best_prim = phash or (prim_hash(jit.prim_func) if jit is not None else measured_hash)
+        self._in_db("storing the winner", lambda db: db.finish_run(plan.key, best, ref_latency, best_prim))
         logger.info("tuning phases of %s: %s", plan.label, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
         self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases,
                                    self.job.timeline)
@@ -520,8 +539,7 @@ class _PlanRun:
         """The fastest finalist (all finalists were timed alike), or the fastest ok trial if none."""
         pool = finalists or [i for i, tr in enumerate(self.trials) if tr is not None and tr.status == Status.OK]
         if not pool:
-            if self.db is not None:
-                self.db.finish_run(self.plan.key, None, ref_latency)
+            self._in_db("storing the run", lambda db: db.finish_run(self.plan.key, None, ref_latency))
             raise TuningError(_failure_message([x for x in self.trials if x is not None], str(self.plan.target.spec)))
         return min(pool, key=lambda i: self.trials[i].median_ms)
 

@@ -470,6 +470,40 @@ def _truncated(path):
     path.write_bytes(data[: len(data) // 2 + 100])
 
 
+def test_a_run_deleted_while_it_runs_is_opened_again_by_its_next_trial(tmp_path):
+    """``tilecarve cache clear`` in another process while a run records its trials."""
+    path = tmp_path / "tuning.sqlite"
+    db, other = TuningDB(path), TuningDB(path)
+    db.open_run("k" * 64, "add", "c", 2, {})
+    db.record_trial("k" * 64, 0, Trial(dict(block_M=16), Status.OK, None, 0.1, 1.0, 1.0, 0.0))
+    other.delete(["k" * 64])
+    db.record_trial("k" * 64, 1, Trial(dict(block_M=32), Status.OK, None, 0.1, 2.0, 2.0, 0.0))
+    assert list(db.trials("k" * 64)) == [1]
+    db.close()
+    other.close()
+
+
+@pytest.mark.parametrize("where", ["record_trial", "finish_run", "open_run"])
+def test_a_database_that_fails_mid_run_costs_the_record_not_the_run(tmp_path, monkeypatch, where):
+    """Locked past its timeout by another process, a full disk: a warning, and the run returns its result."""
+    real = getattr(TuningDB, where)
+    calls = []
+
+    def failing(self, *args, **kwargs):
+        calls.append(where)
+        if len(calls) == 2 or where != "record_trial":
+            raise sqlite3.OperationalError("database is locked")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(TuningDB, where, failing)
+    with pytest.warns(TuningCacheWarning, match="database is locked.*not stored"):
+        result = tuner(add, [dict(block_M=16), dict(block_M=32), dict(block_M=64)]).set_tuning(
+            db_path=str(tmp_path / "tuning.sqlite")).run(1, 2)
+    assert [t.status for t in result.trials] == [Status.OK] * 3 and len(calls) <= 2
+    a, b = torch.randn(256, 256), torch.randn(256, 256)  # c_kernels.add's shape
+    torch.testing.assert_close(result.kernel(a, b), a + b)
+
+
 @pytest.mark.parametrize("damage", [_garbage, _truncated])
 def test_a_damaged_database_is_moved_aside_and_a_new_one_started(tmp_path, damage):
     path = tmp_path / "tuning.sqlite"
