@@ -11,7 +11,7 @@ import functools
 import inspect
 import json
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "DuplicateConfigWarning", "config_label", "config_to_json",
@@ -132,6 +132,18 @@ class DuplicateConfigWarning(UserWarning):
 def config_to_json(config: Mapping[str, Any]) -> str:
     """Canonical text of a config: the form stored in the database and hashed into cache keys."""
     return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+def same_config(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two configs are one, by their canonical text (:func:`config_to_json`), as the database keeps
+    them: 64 and 64.0, or 1 and True, are two configs (``==`` says one), and a NaN value equals itself."""
+    return config_to_json(a) == config_to_json(b)
+
+
+def config_index(configs: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> int | None:
+    """The position of ``config`` in ``configs`` by :func:`same_config`, or ``None``."""
+    want = config_to_json(config)
+    return next((i for i, c in enumerate(configs) if config_to_json(c) == want), None)
 
 
 def config_label(config: Mapping[str, Any]) -> str:

@@ -47,7 +47,7 @@ from . import procs, spares
 from .bench import Measurer, make_measurer
 from .cache import DamagedRow, TuningCacheWarning, TuningDB, prim_hash
 from .compile import CompileBatch, compile_many
-from .config import config_label
+from .config import config_label, same_config
 from .devices import DevicePool, open_isolated
 from .errors import CudaContextLost, KernelFactoryWarning, TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
@@ -420,7 +420,7 @@ class _PlanRun:
             _distrust(f"a damaged trial row ({e}) in the interrupted run")
             db.forget_trials(plan.key, range(len(configs)))
             prior = {}
-        bad = [i for i, tr in prior.items() if i >= len(configs) or tr.config != configs[i]]
+        bad = [i for i, tr in prior.items() if i >= len(configs) or not same_config(tr.config, configs[i])]
         if bad:
             _distrust(f"trials {bad} of the interrupted run are not for the configs asked for")
             db.forget_trials(plan.key, bad)

@@ -50,7 +50,15 @@ from .cache import (
 from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
 from .compile import load_prim, tl_compile
-from .config import config_label, kernel_name, merge_pass_configs, normalize_configs, split_config
+from .config import (
+    config_index,
+    config_label,
+    kernel_name,
+    merge_pass_configs,
+    normalize_configs,
+    same_config,
+    split_config,
+)
 from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
 from .settings import (
@@ -540,7 +548,7 @@ class AutoTuner:
         why = self._unsound(stored)
         if why is not None:
             return _distrust(why)
-        cfg = self.configs[self.configs.index(stored.best_config)]
+        cfg = self.configs[config_index(self.configs, stored.best_config)]
         jit, phash = self._load(cfg, target)
         if phash != stored.best_prim:
             return _distrust(_elaborates_otherwise(cfg))
@@ -566,7 +574,7 @@ class AutoTuner:
             return None, None
         why = self._unsound(stored)
         if why is None:
-            cfg = self.configs[self.configs.index(stored.best_config)]
+            cfg = self.configs[config_index(self.configs, stored.best_config)]
             try:
                 phash = prim_hash(self._elaborate(cfg))
             except Exception as e:  # noqa: BLE001 - the user's factory failing now: not a winner to serve
@@ -581,11 +589,12 @@ class AutoTuner:
         if set(stored.trials) != set(range(n)):
             return f"its trials cover configs {sorted(stored.trials)[:10]}..., not the {n} asked for"
         for i, t in stored.trials.items():
-            if t.config != self.configs[i]:
+            if not same_config(t.config, self.configs[i]):
                 return f"trial {i} is for {t.config!r}, not configs[{i}] = {self.configs[i]!r}"
-        if stored.best_config not in self.configs:
+        best_i = config_index(self.configs, stored.best_config)
+        if best_i is None:
             return f"its best config {stored.best_config!r} is not one of the configs asked for"
-        best = stored.trials[self.configs.index(stored.best_config)]
+        best = stored.trials[best_i]
         if best.status != Status.OK or best.median_ms != stored.best_latency_ms:
             return (f"its best config's trial is {best.status} at {best.median_ms!r} ms, "
                     f"not ok at the stored {stored.best_latency_ms!r} ms")

@@ -284,6 +284,16 @@ def test_a_tampered_row_is_ignored_with_a_warning_and_the_problem_retuned(sql, w
     assert _tune_helper().from_cache  # the re-tune stored a sound run again
 
 
+def test_configs_that_differ_only_in_value_type_are_told_apart_by_the_warm_path():
+    """64.0 and 64 are two configs to the database (their canonical JSON), though ``==`` says one: the stored
+    winner is found by its text, so the second run is a warm hit on the int config that won."""
+    cfgs = [dict(block_M=64.0), dict(block_M=64)]  # the float one does not compile
+    first = tuner(add, cfgs).run(1, 2)
+    second = tuner(add, cfgs).run(1, 2)
+    assert [t.status for t in first.trials] == [Status.COMPILE_ERROR, Status.OK]
+    assert second.from_cache and type(second.config["block_M"]) is int, second
+
+
 def test_resumed_trials_for_other_configs_are_measured_again():
     cfgs = [dict(block_M=16), dict(block_M=32)]
     r = tuner(add, cfgs).run(1, 2)
