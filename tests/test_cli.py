@@ -167,6 +167,30 @@ def tuned(tmp_path_factory):
     return db, [_tune(GRID_A, db), _tune(GRID_B, db)]
 
 
+@pytest.mark.parametrize("command", [["list"], ["show", "ab"], ["export", "out.json"], ["clear", "--yes"],
+                                     ["import", "in.json"]])
+@pytest.mark.parametrize("content", ["json", "other sqlite"])
+def test_a_file_that_is_not_a_tuning_database_is_never_changed(capsys, tmp_path, command, content):
+    """``--db notes.json`` by mistake: exit 1 naming the file, which is left as it was (a tuning run would
+    move a damaged database aside and start a new one; a command only reads what it was given)."""
+    import sqlite3
+
+    db = tmp_path / "notes.json"
+    if content == "json":
+        db.write_text('{"hello": 1}')
+    else:
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE mine (a)")
+    before = db.read_bytes()
+    from autotuner.cache import EXPORT_FORMAT
+
+    (tmp_path / "in.json").write_text(json.dumps({"format": EXPORT_FORMAT, "runs": []}))  # an empty export
+    argv = [a if not a.endswith(".json") else str(tmp_path / a) for a in command]
+    code, _, err = run(capsys, "cache", *argv, "--db", str(db))
+    assert code == 1 and "is not a tilecarve tuning database" in err and "nothing was changed" in err, err
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["in.json", "notes.json"]
+
+
 def test_cache_list_and_show(tuned, capsys):
     db, results = tuned
     code, out, _ = run(capsys, "cache", "list", "--db", str(db), "--json")

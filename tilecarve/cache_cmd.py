@@ -74,13 +74,38 @@ def _path(args: argparse.Namespace) -> Path:
 
 
 def _open(args: argparse.Namespace, create: bool = False) -> Any:
-    """The database, or None when there is none yet and ``create`` is False (reading creates nothing)."""
+    """The database, or None when there is none yet and ``create`` is False (reading creates nothing). A file
+    that is there must be a tilecarve tuning database already, checked read-only: a command never moves,
+    repairs or adds tables to a file that is not one (``--db notes.json`` by mistake), as a tuning run would."""
     from autotuner.cache import TuningDB
 
     path = _path(args)
-    if not create and not path.exists():
-        return None
+    if not path.exists():
+        return TuningDB(path) if create else None
+    why = _not_a_tuning_db(path)
+    if why is not None:
+        raise CommandError(f"{path} is not a tilecarve tuning database ({why}); nothing was changed. Name the "
+                           "database with --db, or leave --db out for the cache's own")
     return TuningDB(path)
+
+
+def _not_a_tuning_db(path: Path) -> str | None:
+    """Why ``path`` is not a tilecarve tuning database, read without writing anything, or None."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+    except sqlite3.Error as e:
+        return str(e)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as e:  # "file is not a database"
+        return str(e)
+    finally:
+        conn.close()
+    missing = {"runs", "trials"} - tables
+    return f"it has no {' or '.join(sorted(missing))} table" if missing else None
 
 
 def _resolve(db: Any, prefix: str) -> str:
