@@ -297,10 +297,8 @@ class KeyedKernel:
         if table is None:
             return None, None
         if self._section is None or self._section[0] is not table:
-            section = table.kernels.get(self.name)
-            if section is not None:
-                section.check(self.source(), self.key, {k: b.edges for k, b in self.buckets.items()})
-            else:
+            section = self._check_table(table)
+            if section is None:
                 logger.info("%s: the table %s has no section for this kernel; every key uses the fallback",
                             self.name, table.path)
             self._section = (table, section)
@@ -377,15 +375,27 @@ class KeyedKernel:
             self.stats["tuned"] += 1
 
     # ------------------------------------------------------------------ tables
-    def use_table(self, table: TunedTable | str | Any, allow: bool | Iterable[str] = ()) -> TunedTable:
-        """Serve from ``table`` (a path or a loaded table), checked against this kernel now."""
-        t = table if isinstance(table, TunedTable) else load_table(table, self.compile_args.get("target", "auto"),
-                                                                  allow)
+    def use_table(self, table: TunedTable | str | Any | None, allow: bool | Iterable[str] = ()) -> TunedTable | None:
+        """Serve from ``table`` (a path or a loaded table; ``None``: this kernel's own table no more), checked
+        against this kernel first: a table refused changes nothing."""
+        t = table if table is None or isinstance(table, TunedTable) else load_table(
+            table, self.compile_args.get("target", "auto"), allow)
         with self._lock:
+            if t is not None:
+                self._check_table(t)
             self.table, self._section = t, None
             self._forget()
-            self._table_section()
         return t
+
+    def _check_table(self, table: TunedTable) -> KernelSection | None:
+        """This kernel's section of ``table`` (``None``: it has none), refused (a :class:`TableError`) when the
+        table is for another target or GPU than this kernel compiles for, or the section for another key,
+        buckets or source."""
+        table.check_target(self.target())
+        section = table.kernels.get(self.name)
+        if section is not None:
+            section.check(self.source(), self.key, {k: b.edges for k, b in self.buckets.items()})
+        return section
 
     def _forget(self) -> None:
         self._fast.clear()
@@ -453,13 +463,16 @@ def use_table(table: TunedTable | str | Any | None, target: Any = "auto",
     """Serve every keyed kernel of this process from ``table`` (a path or a loaded table; ``None``
     stops). It is checked now against the kernels that exist (and later ones on their first call)."""
     t = None if table is None else table if isinstance(table, TunedTable) else load_table(table, target, allow)
+    kernels = list(_REGISTRY)
+    for kk in kernels:  # every kernel it would serve checks it first: a table refused changes nothing
+        if t is not None and kk.table is None:
+            with kk._lock:
+                kk._check_table(t)
     _TABLE[0] = t
-    for kk in list(_REGISTRY):
+    for kk in kernels:
         with kk._lock:
             kk._section = None
             kk._forget()
-            if t is not None and kk.table is None:
-                kk._table_section()
     return t
 
 

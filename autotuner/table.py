@@ -106,6 +106,14 @@ class TunedTable:
     tilecarve: str
     created: str
     kernels: dict[str, KernelSection]
+    allow: frozenset[str] = frozenset()
+
+    def check_target(self, target: Any) -> None:
+        """Refuse this table for a kernel that compiles for another target or GPU than it was tuned for (a
+        resolved target, ``target.py``), unless allowed: :func:`load_table` checked the table against one
+        target, and a kernel may name its own."""
+        here = environment(target)
+        _check_fields(self.path, {"target": self.target, "gpu": self.gpu}, here, self.allow)
 
 
 def environment(target: Any) -> dict[str, str]:
@@ -243,16 +251,22 @@ def load_table(path: str | os.PathLike[str], target: Any = "auto", allow: bool |
     if fmt != FORMAT:
         raise TableError(f"{where}: field 'format' is {fmt!r}, expected {FORMAT!r}; is this a tilecarve tuned table?")
     fields = {name: _field(doc, name, str, where) for name in ("target", "gpu", "tilelang", "tilecarve", "created")}
-    here = environment(resolve_target(target))
-    for name in ("gpu", "target", "tilelang", "tilecarve"):
-        if fields[name] == here[name]:
+    _check_fields(where, {k: fields[k] for k in ("gpu", "target", "tilelang", "tilecarve")},
+                  environment(resolve_target(target)), allowed)
+    kernels = {name: _section(name, raw, where, allowed) for name, raw in _field(doc, "kernels", dict, where).items()}
+    return TunedTable(where, fields["target"], fields["gpu"], fields["tilelang"], fields["tilecarve"],
+                      fields["created"], kernels, allowed)
+
+
+def _check_fields(where: str, fields: dict[str, str], here: dict[str, str], allowed: frozenset[str]) -> None:
+    """A :class:`TableError` for the first of a table's ``fields`` that differs from ``here`` and is not
+    allowed; a warning for each allowed one (and for tilecarve's version, never refused)."""
+    for name, value in fields.items():
+        if value == here[name]:
             continue
-        msg = f"{where}: field {name!r} is {fields[name]!r} but here it is {here[name]!r}"
+        msg = f"{where}: field {name!r} is {value!r} but here it is {here[name]!r}"
         if name in allowed or name == "tilecarve":  # configs are pinned by each kernel's source hash instead
             logger.warning("%s; using the table anyway%s", msg, " (allowed)" if name in allowed else "")
             continue
         raise TableError(f"{msg}: the table was tuned elsewhere. Tune again here (autotuner.record, then "
                          f"Recording.tune), or load with allow=[{name!r}] to use it anyway")
-    kernels = {name: _section(name, raw, where, allowed) for name, raw in _field(doc, "kernels", dict, where).items()}
-    return TunedTable(where, fields["target"], fields["gpu"], fields["tilelang"], fields["tilecarve"],
-                      fields["created"], kernels)

@@ -254,6 +254,35 @@ def test_a_table_for_another_key_buckets_or_source_is_refused_when_used(tuned, t
     assert kk.config_for(key(3))[1] == "table"
 
 
+@pytest.mark.parametrize("how", ["kernel", "global"])
+def test_a_refused_table_changes_nothing(tuned, tmp_path, how):
+    """It is checked against every kernel it would serve before it is installed: the kernel goes on serving
+    what it served, and a per-kernel table is removed with use_table(None)."""
+    bad = load_table(_mutated(tuned, tmp_path, lambda d: _section(d).update(buckets={"M": [8, 64, 512]})),
+                     target="c")
+    kk = make_keyed()
+    before = kk.config_for(key(3))
+    with pytest.raises(TableError, match="buckets"):
+        kk.use_table(bad) if how == "kernel" else autotuner.use_table(bad)
+    assert kk.config_for(key(3)) == before and autotuner.keyed._TABLE[0] is None and kk.table is None
+    kk.use_table(load_table(tuned.path, target="c"))
+    assert kk.config_for(key(3))[1] == "table"
+    assert kk.use_table(None) is None and kk.table is None and kk.config_for(key(3))[1] != "table"
+
+
+@pytest.mark.parametrize("how", ["kernel", "global"])
+def test_a_table_for_another_target_is_refused_by_a_kernel_that_compiles_for_it(tuned, how):
+    """The table was written for the C target; a kernel compiling for sm_90a refuses it, whichever target the
+    table was loaded against, unless allowed."""
+    kk = make_keyed(target={"kind": "cuda", "arch": "sm_90a"})
+    table = load_table(tuned.path, target="c")
+    with pytest.raises(TableError, match="field 'target' is .*kind.*c.* but here it is .*sm_90a"):
+        kk.use_table(table) if how == "kernel" else autotuner.use_table(table)
+    assert kk.table is None and autotuner.keyed._TABLE[0] is None
+    kk.use_table(load_table(tuned.path, target="c", allow=["target"]))
+    assert kk.config_for(key(3))[1] == "table"
+
+
 def test_a_loaded_table_is_authoritative_and_deterministic(tuned, tmp_path):
     """Two loaders (two ranks) given the same table pick the same configs and build the same kernels; a
     key the table lacks uses the fallback, not the database."""
