@@ -65,6 +65,42 @@ def test_the_cpu_fallback_gives_nn_linears_outputs_and_gradients(shape, dtype):
         lin(torch.randn(3, 47, dtype=dtype))
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_in_place_op_on_the_output_of_a_batched_input_trains_as_with_nn_linear(compiled):
+    """The op takes and returns 2-D tensors; the batch dims are a view made outside it, which autograd lets
+    ReLU(inplace=True) change (a view made inside a custom op's output it would not). Compiled, the op runs."""
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(inplace=True), torch.nn.Linear(32, 8))
+    mine = torch.nn.Sequential(mm.Linear.from_linear(ref[0]), torch.nn.ReLU(inplace=True),
+                               mm.Linear.from_linear(ref[2]))
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    run = torch.compile(mine, backend="aot_eager") if compiled else mine
+    torch._dynamo.reset()
+    y = run(x)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    (gx_ref,) = torch.autograd.grad(ref(x).square().sum(), x)
+    torch.testing.assert_close(y, ref(x))
+    torch.testing.assert_close(gx, gx_ref)
+
+
+def test_torch_func_transforms_work_as_with_nn_linear():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(8, 4)
+    lin = mm.Linear.from_linear(ref)
+    params = {k: v.detach() for k, v in ref.named_parameters()}
+    x = torch.randn(5, 8)
+
+    def loss(module, p, xs):
+        return torch.func.functional_call(module, p, (xs,)).square().sum()
+
+    for f in (lambda m: torch.func.grad(lambda p: loss(m, p, x))(params),
+              lambda m: torch.func.vmap(torch.func.grad(lambda p, xi: loss(m, p, xi[None])), in_dims=(None, 0))(
+                  params, x)):
+        got, want = f(lin), f(ref)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
+
+
 def test_the_fallback_is_said_once_at_info(caplog):
     mop._SAID.clear()
     lin = mm.Linear(16, 8)

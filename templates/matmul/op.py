@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -284,9 +285,21 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     In eager mode without autograd it calls the implementation directly (no dispatcher overhead);
     under ``torch.compile`` or when a gradient is needed it goes through ``torch.ops.tilecarve.matmul``.
     """
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and (
+    compiling = torch.compiler.is_compiling()
+    if compiling or (torch.is_grad_enabled() and (
             x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
-        return torch.ops.tilecarve.matmul(x, weight, bias)
+        if not compiling:
+            reason = _fallback_reason(x, weight, bias)
+            if reason is not None:  # F.linear itself: its autograd, torch.func transforms and views as in torch
+                _say_once(reason)
+                return F.linear(x, weight, bias)
+        if x.dim() == 2:
+            return torch.ops.tilecarve.matmul(x, weight, bias)
+        # the op takes and returns 2-D tensors: a view made inside a custom op's output could not be changed
+        # in place (ReLU(inplace=True) after a Linear of 3-D input), one made here can
+        lead = x.shape[:-1]
+        y = torch.ops.tilecarve.matmul(x.reshape(math.prod(lead), x.shape[-1]), weight, bias)
+        return y.view(*lead, y.shape[-1])
     return _forward(x, weight, bias)
 
 
