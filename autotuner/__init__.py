@@ -24,7 +24,7 @@ from .buckets import Buckets
 from .capture import get_autotune_inputs, set_autotune_inputs
 from .config import DuplicateConfigWarning
 from .decorator import AutoTuneImpl, autotune
-from .errors import CudaContextLost, KernelFactoryWarning, TuningCacheError, TuningError, TuningInputError
+from .errors import CudaContextLost, KernelFactoryWarning, KeyRefused, TuningCacheError, TuningError, TuningInputError
 from .job import tune_all
 from .keyed import KeyedKernel, keyed_kernel, tune_keys, untuned, use_table
 from .record import Recording, record
@@ -33,7 +33,7 @@ from .trial import STATUSES, Status, Trial
 from .tuner import AutoTuner, Plan, TunedKernel, TuneResult
 
 __all__ = ["STATUSES", "AutoTuneImpl", "AutoTuner", "Buckets", "CudaContextLost", "DuplicateConfigWarning",
-           "KernelFactoryWarning", "KeyedKernel", "Plan", "Recording", "Status", "TableError", "Trial", "TuneResult",
-           "TunedKernel", "TunedTable", "TuningCacheError", "TuningError", "TuningInputError", "__version__",
-           "autotune", "get_autotune_inputs", "keyed_kernel", "load_table", "record", "set_autotune_inputs",
-           "tune_all", "tune_keys", "untuned", "use_table", "write_table"]
+           "KernelFactoryWarning", "KeyRefused", "KeyedKernel", "Plan", "Recording", "Status", "TableError", "Trial",
+           "TuneResult", "TunedKernel", "TunedTable", "TuningCacheError", "TuningError", "TuningInputError",
+           "__version__", "autotune", "get_autotune_inputs", "keyed_kernel", "load_table", "record",
+           "set_autotune_inputs", "tune_all", "tune_keys", "untuned", "use_table", "write_table"]

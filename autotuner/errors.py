@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["CudaContextLost", "KernelFactoryWarning", "TuningCacheError", "TuningError", "TuningInputError"]
+__all__ = ["CudaContextLost", "KernelFactoryWarning", "KeyRefused", "TuningCacheError", "TuningError",
+           "TuningInputError"]
 
 
 class TuningError(RuntimeError):
@@ -31,3 +32,8 @@ class KernelFactoryWarning(UserWarning):
     returned is the one measured wherever its compiled PrimFunc was kept; what the factory gives here was
     not timed, a keyed kernel that builds the winner here would not run what was tuned, and a later run
     cannot take the stored result (it tunes again)."""
+
+
+class KeyRefused(ValueError):
+    """A keyed kernel's config for a key beyond its last bucket edge cannot run at that key (its ``validate``
+    refuses it there: a launch grid over CUDA's limit, say). The matmul op answers such a call with F.linear."""

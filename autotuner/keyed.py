@@ -34,7 +34,7 @@ from .buckets import Buckets, as_buckets
 from .cache import TuningDB, function_fingerprint
 from .compile import tl_compile
 from .config import config_label, merge_pass_configs, normalize_configs, split_config
-from .errors import TuningError
+from .errors import KeyRefused, TuningError
 from .table import Entry, KernelSection, TableError, TunedTable, load_table
 
 __all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "tune_keys", "untuned",
@@ -240,6 +240,7 @@ class KeyedKernel:
                 chosen = self._chosen.get(bt) or self._choose(b)
                 if chosen[1] == "fallback":
                     self._untuned[bt] = self._untuned.get(bt, 0) + 1
+        self._check_beyond_edge(exact, b, chosen)
         ck = tuple(b[k] if k in self.dynamic else exact[k] for k in self.key)
         hit = self._compiled.get(ck)
         if hit is not None and hit[0] is chosen[0]:
@@ -249,9 +250,22 @@ class KeyedKernel:
             if hit is None or hit[0] is not chosen[0]:
                 hit = (chosen[0], self._compile(exact, chosen[0]))
                 self._compiled[ck] = hit
-            if raw is not None:
+            # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
+            if raw is not None and self._chosen.get(bt) is chosen:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None)
         return hit[1]
+
+    def _check_beyond_edge(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple) -> None:
+        """A bucket's config was checked (``validate``) at the bucket's edge; a key beyond the last edge
+        (larger than any edge) is checked at its own values before it is served, e.g. for a launch grid
+        over CUDA's limit. :class:`KeyRefused` when ``validate`` refuses it."""
+        if self.validate is None or not any(isinstance(exact[k], int) and exact[k] > b[k] for k in self.buckets):
+            return
+        reasons = self.validate(dict(exact), dict(chosen[0]))
+        if reasons:
+            reasons = [reasons] if isinstance(reasons, str) else list(reasons)
+            raise KeyRefused(f"{self.name}: the config {config_label(chosen[0])} serving the bucket {b} cannot run "
+                             f"at {exact}: {'; '.join(map(str, reasons))}")
 
     def config_for(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         """``(config, where it came from)`` for ``key``, without compiling: table, database, tuned or fallback."""
@@ -391,9 +405,9 @@ class KeyedKernel:
         """This kernel's section of ``table`` (``None``: it has none), refused (a :class:`TableError`) when the
         table is for another target or GPU than this kernel compiles for, or the section for another key,
         buckets or source."""
-        table.check_target(self.target())
         section = table.kernels.get(self.name)
-        if section is not None:
+        if section is not None:  # a table without this kernel serves it nothing, whatever it was tuned for
+            table.check_target(self.target())
             section.check(self.source(), self.key, {k: b.edges for k, b in self.buckets.items()})
         return section
 

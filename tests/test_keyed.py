@@ -40,6 +40,9 @@ def key(m: int, n: int = 64) -> dict:
 def _no_global_table():
     yield
     use_table(None)
+    import gc
+
+    gc.collect()  # this test's keyed kernels leave the registry, so a later global table is not checked by them
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +284,61 @@ def test_a_table_for_another_target_is_refused_by_a_kernel_that_compiles_for_it(
     assert kk.table is None and autotuner.keyed._TABLE[0] is None
     kk.use_table(load_table(tuned.path, target="c", allow=["target"]))
     assert kk.config_for(key(3))[1] == "table"
+
+
+def test_a_table_switched_during_a_first_call_is_served_from_the_next_call(tmp_path):
+    """use_table in another thread between a first call's choice (no lock held) and its compile: that call may
+    get the old table's kernel, but its fast path must not keep it for later calls."""
+    import threading
+
+    from autotuner.table import Entry, KernelSection, write_table
+    from autotuner.target import resolve_target
+
+    kk = make_keyed()
+
+    def table(cfg, name):
+        sec = KernelSection(kk.name, kk.source(), kk.key, {"M": (8, 64)},
+                            (Entry({"M": 8, "N": 64, "dtype": "float32"}, cfg, 0.1),))
+        return write_table(tmp_path / name, [sec], resolve_target("c"))
+
+    t1, t2 = table(CONFIGS[0], "t1.json"), table(CONFIGS[1], "t2.json")
+    autotuner.use_table(t1, target="c")
+
+    class SwitchOnFirstLookup(dict):
+        armed = True
+
+        def get(self, k, default=None):
+            if SwitchOnFirstLookup.armed:
+                SwitchOnFirstLookup.armed = False
+                th = threading.Thread(target=autotuner.use_table, args=(t2,), kwargs={"target": "c"})
+                th.start()
+                th.join()
+            return super().get(k, default)
+
+    kk._compiled = SwitchOnFirstLookup()
+    kk.kernel_for(key(5))
+    assert kk.config_for(key(5)) == (CONFIGS[1], "table")
+    served = kk.kernel_for(key(5))
+    assert {id(k): c for c, k in kk._compiled.values()}[id(served)] == CONFIGS[1]
+
+
+def test_a_key_beyond_the_last_edge_is_checked_at_its_own_values():
+    """The bucket's config was checked at the last edge (64); M=100 is checked at 100 (validate refuses it
+    past 80, as a launch grid over CUDA's limit would be), M=70 passes, M=40 is within the buckets."""
+    seen = []
+
+    def validate(k, cfg):
+        seen.append(k["M"])
+        return ["too many rows of CTAs"] if k["M"] > 80 else []
+
+    kk = make_keyed(validate=validate)
+    with pytest.raises(autotuner.KeyRefused, match=r"cannot run at .*'M': 100.*too many rows of CTAs"):
+        kk.kernel_for(key(100))
+    a, b = args(70)
+    torch.testing.assert_close(kk(a, b), a * 2 + b)
+    a, b = args(40)
+    torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert seen == [100, 70]
 
 
 def test_a_loaded_table_is_authoritative_and_deterministic(tuned, tmp_path):

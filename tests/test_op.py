@@ -254,6 +254,25 @@ def test_split_k_and_persistent_programs_compile_with_a_symbolic_m(extra):
 
 # ------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
+def test_an_m_past_cudas_grid_limit_for_the_served_config_goes_to_f_linear(caplog):
+    """An M beyond the last bucket (65536) whose config would launch more rows of CTAs than CUDA's 65535
+    (9,000,000 rows with block_M 128): F.linear answers, said once, instead of a launch error."""
+    w = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    before = mop.get_op()
+    op = mop.configure()
+    try:
+        cfg = op.gemm.config_for({"M": 1 << 20, "N": 64, "K": 64, "dtype": torch.float16})[0]  # the last bucket's
+        m = (65535 + 100) * cfg["block_M"]
+        x = torch.randn(m, 64, device="cuda", dtype=torch.float16)
+        with torch.no_grad(), caplog.at_level(logging.INFO, logger=mop.logger.name):
+            y = mop.matmul(x, w)
+        torch.testing.assert_close(y, torch.nn.functional.linear(x, w))
+        assert "cannot run at" in caplog.text and "grid limit" in caplog.text, caplog.text
+    finally:
+        mop._OP[0] = before
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_outputs_match_nn_linear_on_the_gpu(dtype):
     torch.manual_seed(0)

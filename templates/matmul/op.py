@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from autotuner import Buckets, KeyedKernel
+from autotuner import Buckets, KeyedKernel, KeyRefused
 from carver.templates import GEMV_MAX_M
 from templates.config import check_config_dict
 from templates.gemv.api import GEMV
@@ -222,8 +222,13 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return F.linear(x, weight, bias)
     kk, values = decided
     M, N, K = values[:3]
+    try:
+        kernel = kk.kernel_for_values(values)
+    except KeyRefused as e:  # M beyond the last bucket, where the bucket's config cannot launch
+        _DECIDED[sig] = str(e)
+        _say_once(str(e))
+        return F.linear(x, weight, bias)
     x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(M, K).contiguous()
-    kernel = kk.kernel_for_values(values)
     if _several_gpus() and x.device.index != torch.cuda.current_device():
         with torch.cuda.device(x.device):
             y = kernel(x2, weight)
