@@ -184,7 +184,8 @@ def _entry(raw: Any, where: str, key: tuple[str, ...], buckets: Mapping[str, tup
     for name, v in k.items():
         if not isinstance(v, _SCALARS) or v is None:
             raise TableError(f"{where}.key.{name} is {v!r}, not a number, string or bool")
-        if name in buckets and v not in buckets[name]:
+        if name in buckets and (isinstance(v, bool) or not isinstance(v, int) or v not in buckets[name]):
+            # an int edge: True == 1 and 8.0 == 8 would pass `in`, and be looked up as that edge
             raise TableError(f"{where}.key.{name} is {v!r}, which is not one of its bucket edges {list(buckets[name])}")
     cfg = _field(raw, "config", dict, where)
     for name, v in cfg.items():

@@ -212,6 +212,8 @@ REFUSED_AT_LOAD = [
     (lambda d: d.pop("kernels"), "field 'kernels' is missing"),
     (lambda d: _section(d)["entries"][0].update(latency_ms=-1), r"entries\[0\].latency_ms is -1"),
     (lambda d: _section(d)["entries"][0]["key"].update(M=9), r"key.M is 9, which is not one of its bucket edges"),
+    (lambda d: _section(d)["entries"][0]["key"].update(M=8.0), r"key.M is 8.0, which is not one of its bucket edges"),
+    (lambda d: _section(d)["entries"][0]["key"].update(M=True), r"key.M is True, which is not one of its bucket"),
     (lambda d: _section(d)["entries"][0]["key"].pop("N"), r"entries\[0\].key has names \['M', 'dtype'\]"),
     (lambda d: _section(d)["entries"].append(_section(d)["entries"][0]), r"entries\[2\] repeats the key"),
     (lambda d: _section(d)["entries"][1].update(config=[1]), r"entries\[1\]: field 'config' is \[1\]"),
