@@ -228,6 +228,15 @@ def test_configure_replaces_the_process_op():
         mop._OP[0] = before
 
 
+@pytest.mark.parametrize("kwargs, says", [(dict(gemv_max_m=True), "gemv_max_m must be"),
+                                          (dict(gemv_max_m=5), "gemv_max_m must be"),
+                                          (dict(dynamic="no"), "dynamic must be True"),
+                                          (dict(topk=0), "topk must be")])
+def test_op_settings_are_refused_naming_the_value(kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        mop.MatmulOp(target=SM90, **kwargs)
+
+
 # ------------------------------------------------------------------------------------ nvcc, no GPU
 @pytest.mark.nvcc
 def test_one_symbolic_gemm_kernel_per_bucket_and_gemv_per_exact_m():

@@ -77,7 +77,7 @@ class MatmulOp:
     * ``topk``: carver candidates measured per key when tuning (plus the family's variants);
     * ``gemv_max_m``: M up to this goes to the GEMV kernels (0: the GEMM serves every M);
     * ``dynamic``: compile the GEMM with a symbolic M, one kernel per bucket (False: one per exact M);
-    * ``target``: "auto" (the local GPU) or a compile-only CUDA target such as "sm_90a";
+    * ``target``: "auto" (the local GPU) or a compile-only CUDA target such as ``{"kind": "cuda", "arch": "sm_90a"}``;
     * ``tuning_args``: for ``AutoTuner.set_tuning`` (``n_jobs``, ``db_path``, ``progress``...). By default
       candidates and finalists are timed back to back (``timing="back_to_back"``, ``sustain_s=0.05``),
       the way a model's forward runs them, rather than each call alone after an L2 flush.
@@ -87,8 +87,11 @@ class MatmulOp:
                  tuning_args: Mapping[str, Any] | None = None) -> None:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be a positive int, got {topk!r}")
-        if gemv_max_m not in (0, *GEMV_EDGES):
+        if isinstance(gemv_max_m, bool) or gemv_max_m not in (0, *GEMV_EDGES):  # True == 1 would pass `in`
             raise ValueError(f"gemv_max_m must be 0 (no GEMV) or one of {list(GEMV_EDGES)}, got {gemv_max_m!r}")
+        if not isinstance(dynamic, bool):
+            raise ValueError(f"dynamic must be True (one symbolic-M GEMM per bucket) or False (one per exact M), "
+                             f"got {dynamic!r}")
         self.topk, self.gemv_max_m, self.target = topk, gemv_max_m, target
         self._arch: dict[str, Any] = {}
         compile_args = {"out_idx": [-1], "target": target, "ref_prog": ref_program, "atol": 1e-2, "rtol": 1e-2,
