@@ -587,8 +587,7 @@ def _loky_pool(parallel: Any, jobs: list, tasks: list[tuple]) -> Iterator[Compil
                        "time", error_headline(format_error(e), 200), len(left))
     finally:
         pool.close()  # closed early (an exception, Ctrl-C): joblib stops its workers
-    for t in left:
-        yield compile_in_loky(*t)
+    yield from _one_loky_worker(left)
 
 
 def in_loky_worker(fn: Callable[..., Any], *args: Any) -> Any:

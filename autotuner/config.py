@@ -14,8 +14,8 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "DuplicateConfigWarning", "config_label", "config_to_json",
-           "kernel_name", "normalize_configs", "split_config"]
+__all__ = ["PASS_CONFIGS_KEY", "RESERVED_PARAMS", "DuplicateConfigWarning", "as_reasons", "config_index",
+           "config_label", "config_to_json", "kernel_name", "normalize_configs", "same_config", "split_config"]
 
 #: Parameters a TileLang kernel conventionally exposes for tuning.
 RESERVED_PARAMS = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
@@ -144,6 +144,14 @@ def config_index(configs: Sequence[Mapping[str, Any]], config: Mapping[str, Any]
     """The position of ``config`` in ``configs`` by :func:`same_config`, or ``None``."""
     want = config_to_json(config)
     return next((i for i, c in enumerate(configs) if config_to_json(c) == want), None)
+
+
+def as_reasons(verdict: Any) -> list[str]:
+    """A ``validate`` callable's answer as a list of reasons: a string, an iterable of them, or a falsy
+    value (legal)."""
+    if not verdict:
+        return []
+    return [verdict] if isinstance(verdict, str) else [str(x) for x in verdict]
 
 
 def config_label(config: Mapping[str, Any]) -> str:

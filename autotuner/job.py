@@ -129,6 +129,13 @@ def raise_errors(labels: list[str], outcomes: list[Any]) -> None:
         raise TuningError(f"{len(failed)} of {len(outcomes)} problems failed to tune:\n{lines}") from failed[0][1]
 
 
+def _without_db(db: TuningDB, what: str, label: str, e: sqlite3.Error) -> None:
+    """Warn that ``db`` failed while doing ``what`` for the problem ``label``, which goes on without it."""
+    warnings.warn(f"the tuning database {db.path} failed while {what} for {label} ({type(e).__name__}: {e}); "
+                  "tuning goes on without it, and this result is not stored",
+                  TuningCacheWarning, stacklevel=3)
+
+
 def _distrust(why: str) -> None:
     warnings.warn(f"not using the stored tuning result: {why}; tuning again", TuningCacheWarning, stacklevel=5)
 
@@ -167,9 +174,7 @@ class _Job:
                         out[slot] = e
                         continue
                     except sqlite3.Error as e:  # as _PlanRun._in_db: tune without the database
-                        warnings.warn(f"the tuning database {db.path} failed while looking up {plan.label} "
-                                      f"({type(e).__name__}: {e}); tuning goes on without it, and this result is "
-                                      "not stored", TuningCacheWarning, stacklevel=2)
+                        _without_db(db, "looking up the stored result", plan.label, e)
                         hit = db = None
                     if hit is not None:
                         out[slot] = hit
@@ -333,9 +338,7 @@ class _PlanRun:
         try:
             return call(self.db)
         except sqlite3.Error as e:
-            warnings.warn(f"the tuning database {self.db.path} failed while {what} for {self.plan.label} "
-                          f"({type(e).__name__}: {e}); tuning goes on without it, and this result is not stored",
-                          TuningCacheWarning, stacklevel=2)
+            _without_db(self.db, what, self.plan.label, e)
             self.db = None
             return None
 

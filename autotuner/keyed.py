@@ -33,7 +33,7 @@ from typing import Any
 from .buckets import Buckets, as_buckets
 from .cache import TuningDB, function_fingerprint
 from .compile import tl_compile
-from .config import config_label, merge_pass_configs, normalize_configs, split_config
+from .config import as_reasons, config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import KeyRefused, TuningError
 from .table import Entry, KernelSection, TableError, TunedTable, load_table
 
@@ -261,11 +261,10 @@ class KeyedKernel:
         over CUDA's limit. :class:`KeyRefused` when ``validate`` refuses it."""
         if self.validate is None or not any(isinstance(exact[k], int) and exact[k] > b[k] for k in self.buckets):
             return
-        reasons = self.validate(dict(exact), dict(chosen[0]))
+        reasons = as_reasons(self.validate(dict(exact), dict(chosen[0])))
         if reasons:
-            reasons = [reasons] if isinstance(reasons, str) else list(reasons)
             raise KeyRefused(f"{self.name}: the config {config_label(chosen[0])} serving the bucket {b} cannot run "
-                             f"at {exact}: {'; '.join(map(str, reasons))}")
+                             f"at {exact}: {'; '.join(reasons)}")
 
     def config_for(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         """``(config, where it came from)`` for ``key``, without compiling: table, database, tuned or fallback."""

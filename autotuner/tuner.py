@@ -51,6 +51,7 @@ from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
 from .compile import load_prim, tl_compile
 from .config import (
+    as_reasons,
     config_index,
     config_label,
     kernel_name,
@@ -539,16 +540,11 @@ class AutoTuner:
     def _from_cache(self, db: TuningDB, key: str, target: ResolvedTarget, spec: BenchSpec,
                     t_start: float) -> TuneResult | None:
         """The stored winner, if every check passes; else ``None`` (with a warning saying why) to re-tune."""
-        try:
-            stored = db.finished_run(key)
-        except DamagedRow as e:
-            return _distrust(f"a damaged row ({e})")
-        if stored is None or stored.best_config is None:
-            return None
-        why = self._unsound(stored)
+        stored, cfg, why = self._sound_winner(db, key)
         if why is not None:
             return _distrust(why)
-        cfg = self.configs[config_index(self.configs, stored.best_config)]
+        if stored is None:
+            return None
         jit, phash = self._load(cfg, target)
         if phash != stored.best_prim:
             return _distrust(_elaborates_otherwise(cfg))
@@ -566,22 +562,29 @@ class AutoTuner:
         when nothing is stored): its rows must be sound (:meth:`_unsound`) and its winner must elaborate
         here (bounded by ``compile_timeout``) to the PrimFunc that was tuned, as on :meth:`run`'s warm path.
         Compiles nothing: for callers that serve a stored winner without tuning (:mod:`.keyed`)."""
+        stored, cfg, why = self._sound_winner(db, key)
+        if stored is None:
+            return None, why
+        try:
+            phash = prim_hash(self._elaborate(cfg))
+        except Exception as e:  # noqa: BLE001 - the user's factory failing now: not a winner to serve
+            return None, f"the winner {config_label(cfg)} fails to elaborate now: {error_headline(format_error(e))}"
+        return (stored, None) if phash == stored.best_prim else (None, _elaborates_otherwise(cfg))
+
+    def _sound_winner(self, db: TuningDB, key: str) -> tuple[StoredRun | None, dict[str, Any] | None, str | None]:
+        """The finished run stored under ``key`` and its winner among :attr:`configs`, if its rows are sound
+        (:meth:`_unsound`); else why not (all ``None`` when nothing is stored). The warm path's checks up to
+        the winner's PrimFunc, which :meth:`_from_cache` and :meth:`stored_winner` each make their way."""
         try:
             stored = db.finished_run(key)
         except DamagedRow as e:
-            return None, f"a damaged row ({e})"
+            return None, None, f"a damaged row ({e})"
         if stored is None or stored.best_config is None:
-            return None, None
+            return None, None, None
         why = self._unsound(stored)
-        if why is None:
-            cfg = self.configs[config_index(self.configs, stored.best_config)]
-            try:
-                phash = prim_hash(self._elaborate(cfg))
-            except Exception as e:  # noqa: BLE001 - the user's factory failing now: not a winner to serve
-                return None, f"the winner {config_label(cfg)} fails to elaborate now: {error_headline(format_error(e))}"
-            if phash != stored.best_prim:
-                why = _elaborates_otherwise(cfg)
-        return (None, why) if why is not None else (stored, None)
+        if why is not None:
+            return None, None, why
+        return stored, self.configs[config_index(self.configs, stored.best_config)], None
 
     def _unsound(self, stored: StoredRun) -> str | None:
         """Why a stored run cannot be what this tuner wrote for these configs, or ``None``."""
@@ -614,9 +617,7 @@ class AutoTuner:
             return [f"validate did not return within {timeout:g} s (compile_timeout) for this config"]
         except Exception as e:  # noqa: BLE001 - the user's validate failing for this config: its verdict
             return [f"validate raised {error_headline(format_error(e))}"]
-        if not r:
-            return []
-        return [r] if isinstance(r, str) else [str(x) for x in r]
+        return as_reasons(r)
 
 
 #: TileLang's ``AutoTuner.run`` options and their types. tilecarve always overlaps compiling with
