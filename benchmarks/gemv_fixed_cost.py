@@ -218,10 +218,12 @@ def reg_space(K: int) -> list[dict]:
     return out
 
 
-def sm_space(K: int) -> list[dict]:
+def sm_space(K: int, deep: bool = False) -> list[dict]:
+    """The ``sm`` grid: with and without TMA; ``deep``: cp.async only, smaller K tiles, deeper pipelines."""
+    grid = ((16, 32, 64), (64, 128, 256), (32, 64, 128), (4, 6, 8), (False,)) if deep else \
+        ((16, 32, 64), (256, 512, 1024), (32, 64, 128), (2, 4), (True, False))
     out = []
-    for bn, bk, th, st, tma in itertools.product((16, 32, 64), (256, 512, 1024), (32, 64, 128), (2, 4),
-                                                 (True, False)):
+    for bn, bk, th, st, tma in itertools.product(*grid):
         if bn // (th // 32) < 8 or st * (16 + bn) * bk * 2 > 200 * 1024 or K % bk:
             continue
         out.append(dict(block_N=bn, block_K=bk, threads=th, stages=st, tma=tma))
@@ -246,6 +248,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=16)
     p.add_argument("--time-limit", type=float, default=300)
     p.add_argument("--paths", default="reg,xs,family", help="which programs to time, comma-separated")
+    p.add_argument("--sm-deep", action="store_true", help="the sm programs' deeper grid (cp.async only)")
     args = p.parse_args()
     t0 = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -280,8 +283,9 @@ def main() -> None:
                         for c in (reg_space(K) if "reg" in paths else [])]
                 jobs += [(dict(path="xs", **c), partial(simt_xs, M, N, K, **c))
                          for c in (xs_space(M, K) if "xs" in paths else [])]
+                sms = sm_space(K, args.sm_deep) if "sm" in paths else []
                 jobs += [(dict(path="sm", **c), partial(smem_mma, M, N, K, c["block_N"], c["block_K"], c["threads"],
-                                                        c["stages"])) for c in (sm_space(K) if "sm" in paths else [])]
+                                                        c["stages"])) for c in sms]
                 jobs += [(c.to_dict(), partial(GEMV.program, problem, c)) for c in fam]
                 built = list(pool.map(lambda job: build(*job), jobs))
             errors = {n: e for n, _, e in built if e}
