@@ -92,14 +92,15 @@ def _smax(p: float, *terms: float) -> float:
 
 def gemv_time(arch: GPUArch, const: GemvConstants, M: int, N: int, K: int, in_bytes: int, out_bytes: int,
               path: str, block_N: int, block_K: int, thread_num: int, num_stages: int = 0,
-              split_k: int = 1) -> GemvTime:
-    """The model for one legal config (``path`` "simt" or "mma"; the rules are the caller's)."""
+              split_k: int = 1, use_tma: bool = True) -> GemvTime:
+    """The model for one legal config (``path`` "simt" or "mma"; the rules are the caller's).
+    ``use_tma=False``: the mma path's cp.async program (no producer warpgroup, no TMA set-up)."""
     sms = arch.sm_count
     mma = path == "mma"
     k_len = math.ceil(math.ceil(K / split_k) / block_K) * block_K if mma else K  # K per CTA, whole steps
     steps = math.ceil(k_len / block_K)
     ctas = math.ceil(N / block_N) * (split_k if mma else 1)
-    tma = mma and arch.has_tma and num_stages >= 1 and K * in_bytes % 16 == 0  # else cp.async, no producer
+    tma = use_tma and mma and arch.has_tma and num_stages >= 1 and K * in_bytes % 16 == 0  # else cp.async
     threads = thread_num + (128 if tma else 0)  # TileLang's TMA producer warpgroup
     occ = min(arch.max_threads_per_sm // threads, arch.max_blocks_per_sm)
     if mma:

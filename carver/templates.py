@@ -34,6 +34,7 @@ from .problem import (
     check_device_bytes,
     dtype_bytes,
     int_in_range,
+    is_bool,
     positive_int,
     shape_dim,
 )
@@ -50,6 +51,7 @@ from .validity import (
 __all__ = [
     "GEMV_GRID",
     "GEMV_MAX_M",
+    "GEMV_MMA_ASYNC_GRID",
     "GEMV_MMA_GRID",
     "GEMV_MMA_ROWS",
     "GEMV_OPTIONAL",
@@ -359,6 +361,15 @@ GEMV_MMA_GRID: dict[str, tuple[int, ...]] = {
     "num_stages": (2, 4),
     "split_k": (1, 2),
 }
+#: The mma path's cp.async configs (``tma=False``): the same tiles loaded by cp.async in a plain
+#: ``T.Pipelined`` loop, with no TMA and no producer warpgroup. On a 32 MB weight they measured 4-7% faster
+#: than the TMA lowering at M = 4 and 16, and 40% faster with 16-column tiles (H200, 2026-11-23,
+#: ``benchmarks/data/gemv-fixed-cost-2026-11-23-h200``), so the grid holds the tiles that did best there.
+GEMV_MMA_ASYNC_GRID: dict[str, tuple[int, ...]] = {
+    "block_N": (16, 32, 64),
+    "block_K": (128, 256),
+    "num_stages": (4, 8),
+}
 #: The GEMV programs: CUDA-core FMAs with warp shuffles, or tensor cores (mma.sync) on a 16-row x tile.
 GEMV_PATHS: tuple[str, ...] = ("simt", "mma")
 #: Rows of x (tokens) the GEMV kernel takes: past this a tensor-core GEMM (templates.matmul) wins.
@@ -366,7 +377,7 @@ GEMV_MAX_M = 16
 #: Rows of the mma path's x tile (one m16n8k16 row slab): rows >= M are zero-filled, never loaded or stored.
 GEMV_MMA_ROWS = 16
 #: The optional keys of a GEMV config, with the SIMT path's values.
-GEMV_OPTIONAL: dict[str, Any] = {"path": "simt", "num_stages": 0, "split_k": 1}
+GEMV_OPTIONAL: dict[str, Any] = {"path": "simt", "num_stages": 0, "split_k": 1, "tma": True}
 
 
 def gemv_vec(K: int, dtype: str) -> int:
@@ -398,20 +409,25 @@ def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
     SIMT (``block_N``, ``block_K``, ``thread_num``): ``thread_num = block_N * reduce_threads`` (a multiple
     of 32), ``block_K = reduce_threads * vec * unroll`` (``vec`` 0: the widest load K allows). mma (plus
     ``path``, ``num_stages``, ``split_k``): :data:`GEMV_MMA_GRID` less the stages no GPU's shared memory
-    holds and the splits that leave one with no K. The carver ranks exactly these;
+    holds and the splits that leave one with no K, then :data:`GEMV_MMA_ASYNC_GRID` with ``tma=False``
+    (cp.async, no split). The carver ranks exactly these;
     ``templates.gemv.space`` is this list less what the stand-in GPU refuses."""
     vec = vec or gemv_vec(K, dtype)
     out: list[dict[str, Any]] = []
     for bn, rt, un in itertools.product(*GEMV_GRID.values()):
         if bn * rt % 32 == 0:
             out.append(dict(block_N=bn, block_K=rt * vec * un, thread_num=bn * rt))
+    if gemv_mma_misaligned(K, dtype):
+        return out
     for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values()):
-        if gemv_mma_misaligned(K, dtype):
-            break
         smem = st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024
         if smem <= MAX_SMEM_PER_BLOCK and sk <= split_k_limit(K, bk):
             out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
                             split_k=sk))
+    for bn, bk, st in itertools.product(*GEMV_MMA_ASYNC_GRID.values()):
+        if st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024 <= MAX_SMEM_PER_BLOCK:
+            out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
+                            split_k=1, tma=False))
     return out
 
 
@@ -422,7 +438,7 @@ class GEMVTemplate(GeneralReductionTemplate):
     of :func:`gemv_vec`; ``path="mma"``, the matmul program with a 16-row x tile, checked by the
     matmul rules (``carver.validity``). The model is :func:`carver.gemv_model.gemv_time`."""
 
-    keys = ("block_N", "block_K", "thread_num", "path", "num_stages", "split_k")
+    keys = ("block_N", "block_K", "thread_num", "path", "num_stages", "split_k", "tma")
 
     def __init__(self, N: int, K: int, dtype: str = "float16", out_dtype: str | None = None,
                  arch: GPUArch | str | None = None, M: int = 1, vec: int = 0,
@@ -466,12 +482,18 @@ class GEMVTemplate(GeneralReductionTemplate):
         if path not in GEMV_PATHS:
             return None, [f"path must be one of {list(GEMV_PATHS)}, got {path!r}; use 'simt' (CUDA cores) or "
                           f"'mma' (tensor cores, for several rows of x)"]
-        ints = {k: v for k, v in config.items() if k != "path"}
+        tma = config.get("tma", True)
+        if not is_bool(tma):
+            return None, [f"tma must be a bool, got {tma!r}; use True (TileLang's TMA lowering) or False (cp.async)"]
+        if path != "mma" and not tma:
+            return None, ["tma is a key of the mma path, got tma=False with path='simt'; add path='mma' or leave "
+                          "it out"]
+        ints = {k: v for k, v in config.items() if k not in ("path", "tma")}
         if path == "mma":
             ints = {"num_stages": 2, "split_k": 1, **ints}
         else:
             ints = {"num_stages": 0, "split_k": 1, **ints}
-        int_keys = tuple(k for k in self.keys if k != "path")
+        int_keys = tuple(k for k in self.keys if k not in ("path", "tma"))
         problems = [f"unknown config key(s) {[k for k in ints if k not in int_keys]}; this template takes "
                     f"{list(self.keys)}"] if any(k not in int_keys for k in ints) else []
         missing = [k for k in int_keys if k not in ints]
@@ -491,6 +513,8 @@ class GEMVTemplate(GeneralReductionTemplate):
                           f"split_k={out['split_k']} with path='simt'; add path='mma' or leave them out"]
         if path == "simt":
             del out["num_stages"], out["split_k"]
+        elif not tma:  # the default (TMA) stays out, as in the dicts of the grid
+            out["tma"] = False
         return out, []
 
     @staticmethod
@@ -527,6 +551,9 @@ class GEMVTemplate(GeneralReductionTemplate):
                 return [f"the mma path needs rows of x and W on 4-byte boundaries (K * {dtype_bytes(self.dtype)} bytes "
                         f"a multiple of 4), got K={self.K}: TileLang 0.1.15 would copy them in 2-byte cp.async "
                         f"pieces, which PTX lacks; use path='simt' (the default) for this K"]
+            if not c.get("tma", True) and c["split_k"] != 1:
+                return [f"split_k is a key of the TMA program, got split_k={c['split_k']} with tma=False (the "
+                        f"cp.async program runs one kernel); use split_k=1 or tma=True"]
             if tuple(c.values()) in self._mma_ok:
                 return []
             return check_matmul_config(self.matmul_problem, self._matmul_config(c), self._need_arch())
@@ -553,7 +580,7 @@ class GEMVTemplate(GeneralReductionTemplate):
         full = {**GEMV_OPTIONAL, **c}
         t = gemv_time(arch, const, self.rows, self.M, self.K, dtype_bytes(self.dtype), dtype_bytes(self.out_dtype),
                       full["path"], full["block_N"], full["block_K"], full["thread_num"], full["num_stages"],
-                      full["split_k"])
+                      full["split_k"], full["tma"])
         if not (math.isfinite(t.total_us) and t.total_us > 0):
             raise RuntimeError(f"carver bug: the model predicted {t.total_us} us for {self!r} with {c}; "
                                f"please report it")

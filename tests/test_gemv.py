@@ -59,8 +59,11 @@ def test_space_is_legal_and_is_what_the_carver_ranks(shape):
     p = GemvProblem(*shape)
     space = GEMV.space(p)
     paths = {"simt", "mma"} if p.K % 2 == 0 else {"simt"}  # odd K: rows not on 4-byte boundaries, no mma
-    assert len(space) <= 120 and len(set(space)) == len(space)  # the GPU grid measures all of them
+    assert len(space) <= 130 and len(set(space)) == len(space)  # the GPU grid measures all of them
     assert {c.path for c in space} == paths and sum(c.path == "simt" for c in space) == 72
+    # the cp.async configs: the async grid less the one shared memory cannot hold (64x256, 8 stages)
+    assert sum(not c.tma for c in space) == (11 if "mma" in paths else 0)
+    assert all(c.split_k == 1 and c.path == "mma" for c in space if not c.tma)
     assert len(space) >= 80 or paths == {"simt"}
     assert all(GEMV.check(p, c) == [] and GEMV.check(p, c, CUDA("H100")) == [] for c in space)
     tmpl = gemv.carver_template(p, "H100")
@@ -180,13 +183,30 @@ def test_mma_path_compiles_for_sm90a(M, N, K, split, copy):
     assert "atomic" not in src.lower()
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("M,N,K,stages", [(4, 999, 4098, 4), (16, 1000, 4104, 8), (1, 4096, 4096, 4)])
+def test_mma_path_without_tma_compiles_for_sm90a(M, N, K, stages):
+    """``tma=False``: cp.async copies in a plain pipeline, no TMA and no producer warpgroup (no mbarrier,
+    no register hand-over), tensor cores, and y stored inside (M, N) only on odd shapes."""
+    cfg = dict(path="mma", block_N=32, block_K=128, thread_num=128, num_stages=stages, tma=False)
+    src = gemv.compile(M, N, K, cfg, target="sm_90a").get_kernel_source()
+    assert "mma_sync" in src and "cp_async" in src
+    assert "tma_load" not in src and "mbarrier" not in src.lower() and "set_max_nreg" not in src
+    assert "__launch_bounds__(128" in src  # the config's threads, no producer warpgroup added
+    if N % 32:
+        assert f"< {N}" in src or f"< {N // 8}" in src or f"< {-(-N // 8)}" in src or f"< {N // 2}" in src
+    tma = dict(cfg, tma=True, num_stages=4)
+    assert "tma_load" in gemv.compile(M, N, K, tma, target="sm_90a").get_kernel_source() or K * 2 % 16
+
+
 # -------------------------------------------------------------------------------- on a GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K,dtype", [(1, 1000, 4100, "float16"), (3, 1000, 4100, "bfloat16"),
                                          (4, 999, 4097, "float16"), (4, 999, 4098, "float16"),
                                          (16, 1000, 4104, "bfloat16"), (16, 32000, 14337, "float16")])
 def test_runs_and_matches_the_fp32_product(M, N, K, dtype):
-    """Both paths on odd N and K: the carver's top-4, SIMT configs across the grid, mma ones (split-K too)."""
+    """Both paths on odd N and K: the carver's top-4, SIMT configs across the grid, mma ones (split-K and
+    the cp.async program too)."""
     import torch
 
     p = GemvProblem(M, N, K, dtype)
@@ -196,7 +216,8 @@ def test_runs_and_matches_the_fp32_product(M, N, K, dtype):
     simt = [c for c in GEMV.space(p) if c.path == "simt"]
     mma = [c for c in GEMV.space(p) if c.path == "mma"]
     assert len(simt) == 72 and (any(c.split_k > 1 for c in mma[::11]) if K % 2 == 0 else not mma)
-    for cfg in GEMV.candidates(p, CUDA("cuda"), 4) + simt[::23] + mma[::11]:
+    no_tma = [c for c in mma if not c.tma]
+    for cfg in GEMV.candidates(p, CUDA("cuda"), 4) + simt[::23] + mma[::11] + no_tma[1::4]:
         y = GEMV.compile(p, cfg)(x, W)
         bad = int((~torch.isclose(y.float(), ref, atol=1e-2, rtol=1e-2)).sum())
         assert bad == 0, (cfg, bad)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from carver.problem import canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, shape_dim
+from carver.problem import canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, is_bool, shape_dim
 from carver.templates import GEMV_MAX_M, GEMV_PATHS, gemv_vec
 from templates.protocol import TemplateConfig
 
@@ -95,7 +95,10 @@ class GemvConfig(TemplateConfig):
     ``"mma"``: tensor cores. x padded to 16 rows (zero-filled, never loaded or stored past M), W in
     ``block_N x block_K`` tiles through a ``num_stages`` pipeline into shared memory, ``T.gemm`` into a
     ``16 x block_N`` fp32 accumulator over ``thread_num`` threads; ``split_k`` CTAs share a tile's K and a
-    second kernel sums their fp32 partials (no atomics). ``vec`` is the SIMT path's and stays 0.
+    second kernel sums their fp32 partials (no atomics). ``tma`` (default True) loads the tiles as
+    TileLang lowers them (TMA with a producer warpgroup on Hopper); ``tma=False`` loads them with cp.async
+    in a plain pipeline (no producer, no TMA set-up: less fixed cost, which small weights feel; no split).
+    ``vec`` is the SIMT path's and stays 0.
     """
 
     block_N: int
@@ -105,11 +108,18 @@ class GemvConfig(TemplateConfig):
     path: str = "simt"
     num_stages: int = 0
     split_k: int = 1
+    tma: bool = True
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in values.items():
+            if k == "tma":
+                if not is_bool(v):
+                    raise TypeError(f"tma must be a bool, got {v!r} of type {type(v).__name__}; use True (TMA, "
+                                    f"TileLang's lowering) or False (cp.async)")
+                out[k] = bool(v)
+                continue
             if k == "path":
                 if v not in GEMV_PATHS:
                     raise ValueError(f"path must be one of {list(GEMV_PATHS)}, got {v!r}; use 'simt' (CUDA cores) "
@@ -135,6 +145,8 @@ class GemvConfig(TemplateConfig):
         for k in ("num_stages", "split_k"):
             if self.path == "mma" or getattr(self, k) != type(self).defaults()[k]:
                 out[k] = getattr(self, k)
+        if not self.tma:  # the default (TMA) stays out, so the dicts of the grid's TMA configs do not change
+            out["tma"] = False
         return out
 
 

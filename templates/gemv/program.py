@@ -20,6 +20,7 @@ and loads batched per step.
 ``block_N x block_K`` tiles of W into shared memory (TMA with a producer warpgroup on Hopper when rows
 are 16-byte aligned, else predicated cp.async), rows of x past M are zero-filled and never loaded, y is
 stored only inside (M, N), and ``split_k > 1`` sums fp32 partials in a second kernel (no atomics).
+With ``tma=False`` the mma path is its own, plainer program (cp.async, no producer warpgroup).
 """
 
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations.
@@ -92,7 +93,10 @@ def program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
 
 
 def _mma_program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
-    """The tensor-core path: the matmul family's program for ``x @ W.T`` with a 16-row tile of x."""
+    """The tensor-core path: the matmul family's program for ``x @ W.T`` with a 16-row tile of x, or with
+    ``tma=False`` :func:`_async_program`."""
+    if not config.tma:
+        return _async_program(problem, config)
     from carver.problem import MatmulProblem
     from carver.templates import GEMV_MMA_ROWS
     from templates.matmul.config import MatmulConfig
@@ -104,15 +108,46 @@ def _mma_program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
         thread_num=config.thread_num, enable_rasterization=False, split_k=config.split_k))
 
 
+def _async_program(problem: GemvProblem, config: GemvConfig) -> "PrimFunc":
+    """The mma path with ``tma=False``: the plainest tensor-core GEMV, with no TMA and no producer
+    warpgroup. A ``16 x block_N`` tile of y; x (zero-filled past M: ``T.copy`` predicates rows, and columns
+    past K) and W tiles through a ``num_stages``-deep ``T.Pipelined`` loop of cp.async copies into shared
+    memory; ``T.gemm`` with the warps side by side along N; y stored inside (M, N) only. Measured against
+    the TMA lowering of the same tiles in ``benchmarks/gemv_fixed_cost.py`` (its ``sm`` programs)."""
+    import tilelang.language as T
+
+    from carver.templates import GEMV_MMA_ROWS
+
+    M, N, K = problem.M, problem.N, problem.K
+    dtype, out_dtype = problem.dtype, problem.out_dtype
+    block_N, block_K, stages = config.block_N, config.block_K, config.num_stages
+    no_tma = {"disable_tma": True}
+
+    @T.prim_func
+    def main(x: T.Tensor((M, K), dtype), W: T.Tensor((N, K), dtype), y: T.Tensor((M, N), out_dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), threads=config.thread_num) as bn:
+            x_s = T.alloc_shared((GEMV_MMA_ROWS, block_K), dtype)
+            W_s = T.alloc_shared((block_N, block_K), dtype)
+            acc = T.alloc_fragment((GEMV_MMA_ROWS, block_N), "float32")
+            T.clear(acc)
+            for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=stages):
+                T.copy(x[0, k * block_K], x_s, annotations=no_tma)
+                T.copy(W[bn * block_N, k * block_K], W_s, annotations=no_tma)
+                T.gemm(x_s, W_s, acc, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+            T.copy(acc, y[0, bn * block_N])
+
+    return main
+
+
 def kernel(M: int, N: int, K: int, block_N: int, block_K: int, thread_num: int, vec: int = 0,
            dtype: str = "float16", out_dtype: str | None = None, path: str = "simt", num_stages: int = 0,
-           split_k: int = 1) -> "PrimFunc":
+           split_k: int = 1, tma: bool = True) -> "PrimFunc":
     """:func:`program` with loose arguments (the kernel function with reserved parameters), checked by
     the carver's GEMV rules first."""
     from .space import require
 
     problem = make_problem(M, N, K, dtype, out_dtype)
     config = GemvConfig(block_N=block_N, block_K=block_K, thread_num=thread_num, vec=vec, path=path,
-                        num_stages=num_stages, split_k=split_k)
+                        num_stages=num_stages, split_k=split_k, tma=tma)
     require(problem, config)
     return program(problem, config)
