@@ -43,7 +43,8 @@ def carver_template(problem: GemvProblem, arch: Any = "cuda", vec: int = 0) -> G
 
 def space(problem: GemvProblem) -> list[GemvConfig]:
     """The exhaustive grid, widest vectors: 72 SIMT configs (rows per CTA x threads per row x loads in
-    flight), then up to 40 mma configs (block_N x block_K x stages x split, those shared memory holds)."""
+    flight), then up to 40 mma configs (block_N x block_K x stages x split, those shared memory holds),
+    then up to 12 mma configs of the cp.async program (``tma=False``)."""
     return [GemvConfig(**c) for c in gemv_space(problem.K, problem.dtype)]
 
 
