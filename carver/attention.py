@@ -102,10 +102,11 @@ class AttentionProblem:
                              f"heads // kv_heads query heads); use a kv_heads that divides {self.heads}, or None "
                              f"for MHA")
         set_(self, "kv_heads", kv)
-        if isinstance(self.dim, bool) or self.dim not in ATTENTION_DIMS:
+        dim = shape_dim(self.dim, "dim")  # an int first, as every other size: 64.0 and True are refused
+        if dim not in ATTENTION_DIMS:
             raise ValueError(f"dim must be one of {list(ATTENTION_DIMS)} (the head dims the kernel is written "
                              f"for), got {self.dim!r}; pad the head dim to 64 or 128")
-        set_(self, "dim", int(self.dim))
+        set_(self, "dim", dim)
         set_(self, "causal", flag(self.causal, "causal"))
         try:
             dtype = canonical_dtype(self.dtype)

@@ -29,6 +29,9 @@ def test_problem_is_validated_with_value_and_fix():
     assert AttentionProblem(1, 4, 10, 64).kv_heads == 4
     with pytest.raises(ValueError, match=r"dim must be one of \[64, 128\].*got 96.*pad the head dim"):
         AttentionProblem(1, 4, 1000, 96)
+    for dim in (64.0, True, "64"):  # a head dim is an int like every other size, not something equal to one
+        with pytest.raises(ValueError, match=r"dim must be a positive int, got .*it must be an int"):
+            AttentionProblem(1, 4, 1000, dim)
     with pytest.raises(ValueError, match="heads=32 must be a multiple of kv_heads=5"):
         AttentionProblem(1, 32, 1000, 64, kv_heads=5)
     with pytest.raises(ValueError, match=r"dtype must be one of \['float16', 'bfloat16'\], got 'float32'"):
