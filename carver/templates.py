@@ -445,7 +445,7 @@ class GEMVTemplate(GeneralReductionTemplate):
                  constants: GemvConstants | None = None) -> None:
         N, self.K = shape_dim(N, "N"), shape_dim(K, "K")
         self.rows = int_in_range(M, "M", 1, GEMV_MAX_M, meaning="rows of x",
-                                 fix=f"for more than {GEMV_MAX_M} rows use the GEMM (templates.matmul)")
+                                 too_big=f"for more than {GEMV_MAX_M} rows use the GEMM (templates.matmul)")
         widest = gemv_vec(self.K, canonical_dtype(dtype))
         vec = int_in_range(vec, "vec", 0, 16, fix="use 0 (16-byte vectors) or the width the kernel loads")
         # 0: the model alone, 16-byte vectors whatever K is; templates.gemv passes the width its kernel loads.

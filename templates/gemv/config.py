@@ -56,7 +56,7 @@ class GemvProblem:
     def __post_init__(self) -> None:
         object.__setattr__(self, "M", int_in_range(
             self.M, "M", 1, GEMV_MAX_M, meaning="rows of x, tokens decoded together",
-            fix=f"for M > {GEMV_MAX_M} use the GEMM: templates.matmul.tune(M, N, K, trans_B=True)"))
+            too_big=f"for M > {GEMV_MAX_M} use the GEMM: templates.matmul.tune(M, N, K, trans_B=True)"))
         for name in ("N", "K"):
             object.__setattr__(self, name, shape_dim(getattr(self, name), name))
         dtype = check_dtype(self.dtype, IN_DTYPES, "dtype")
