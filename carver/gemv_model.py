@@ -94,7 +94,9 @@ def gemv_time(arch: GPUArch, const: GemvConstants, M: int, N: int, K: int, in_by
               path: str, block_N: int, block_K: int, thread_num: int, num_stages: int = 0,
               split_k: int = 1, use_tma: bool = True) -> GemvTime:
     """The model for one legal config (``path`` "simt" or "mma"; the rules are the caller's).
-    ``use_tma=False``: the mma path's cp.async program (no producer warpgroup, no TMA set-up)."""
+    ``use_tma=False``: the mma path's cp.async program. The model only drops the TMA producer warpgroup's
+    threads from the occupancy; where shared memory bounds occupancy it predicts the two programs alike
+    (``templates.gemv.space.candidates`` appends cp.async configs as variants rather than ranking them)."""
     sms = arch.sm_count
     mma = path == "mma"
     k_len = math.ceil(math.ceil(K / split_k) / block_K) * block_K if mma else K  # K per CTA, whole steps

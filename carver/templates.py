@@ -572,7 +572,9 @@ class GEMVTemplate(GeneralReductionTemplate):
         return out
 
     def _tie_key(self, c: dict[str, Any]) -> tuple:
-        return (c.get("path", "simt"),) + tuple(c.get(k, GEMV_OPTIONAL.get(k)) for k in self.keys if k != "path")
+        # On a tie the TMA program (the one the stored grids measured) comes before its cp.async twin.
+        return (c.get("path", "simt"),) + tuple(not c.get(k, True) if k == "tma" else c.get(k, GEMV_OPTIONAL.get(k))
+                                                for k in self.keys if k != "path")
 
     def _predict(self, c: dict[str, Any], errors: tuple[str, ...] = ()) -> KernelPrediction:
         arch = self._need_arch()

@@ -80,10 +80,15 @@ def test_space_is_legal_and_is_what_the_carver_ranks(shape):
 def test_candidates_are_ranked_top_k_and_quick(arch):
     p = GemvProblem(4, 14336, 4096)
     t = time.perf_counter()
-    top = GEMV.candidates(p, CUDA(arch), 8)
+    cands = GEMV.candidates(p, CUDA(arch), 8)
     ms = (time.perf_counter() - t) * 1e3
     print(f"gemv candidates {arch}: {ms:.1f} ms")  # the benchmark reports time; the bound is 50 ms
-    assert len(top) == len(set(top)) == 8 and all(c in GEMV.space(p) for c in top)
+    top, variants = cands[:8], cands[8:]
+    assert len(cands) == len(set(cands)) and all(c in GEMV.space(p) for c in cands)
+    # the top-8 is the TMA and SIMT grid's; on a GPU with TMA two cp.async variants follow, one per block_N
+    assert all(c.tma for c in top) and all(c.path == "mma" and not c.tma for c in variants)
+    assert len(variants) == (2 if CUDA(arch).has_tma else 0) and len({c.block_N for c in variants}) == len(variants)
+    assert GEMV.candidates(p, CUDA(arch), 8, variants=False) == top
     assert top[0] == GemvConfig(**gemv.carver_template(p, arch).recommend_hints(1)[0].to_config())
     assert max(sum((c.path, c.block_N) == pb for c in top) for pb in {(c.path, c.block_N) for c in top}) <= 2
     assert sum(c.path == "mma" for c in top) >= 2 and sum(c.path == "simt" for c in top) >= 2  # both measured
@@ -148,7 +153,7 @@ def test_template_protocol_and_no_gpu_path():
     with pytest.raises(ValueError, match="C target"):
         GEMV.resolve(GemvProblem(1, 64, 64), "c")
     tuner = GEMV.tuner(GemvProblem(1, 4096, 4096), TuneOptions(target="sm_90a", topk=4))
-    assert len(tuner.configs) == 4
+    assert len(tuner.configs) == 4 + 2  # the top-4, then two cp.async variants on a GPU with TMA
     assert kernel_name(tuner.fn) == "templates.gemv"  # its name in logs and `tilecarve cache list`
 
 

@@ -78,7 +78,8 @@ def _gemv_model(s: Mapping[str, Any], arch: Any) -> Any:
 def _gemv_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dict[str, Any]]:
     from templates.gemv.space import candidates
 
-    return [c.to_dict() for c in candidates(_gemv_problem(s), arch, k)]
+    # the ranked top-k, as for the other families: the cp.async variants tune() appends are not hints
+    return [c.to_dict() for c in candidates(_gemv_problem(s), arch, k, variants=False)]
 
 
 def _attention_problem(s: Mapping[str, Any]) -> Any:

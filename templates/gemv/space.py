@@ -25,6 +25,8 @@ _STAND_IN = "H100"
 #: At most this many of the top-k share a path and block_N: the model hedges over the rows-per-CTA
 #: choice rather than trusting one.
 _PER_BLOCK_N = 2
+#: cp.async configs (``tma=False``) appended to the top-k on a GPU with TMA (see :func:`candidates`).
+_ASYNC_VARIANTS = 2
 #: At least topk // this of the top-k come from each path (half) while the mma path's constants are the GEMM
 #: calibration's (no GEMV grid of that path measured yet): the measurement decides between them.
 _PATH_SHARE = 2
@@ -44,7 +46,7 @@ def carver_template(problem: GemvProblem, arch: Any = "cuda", vec: int = 0) -> G
 def space(problem: GemvProblem) -> list[GemvConfig]:
     """The exhaustive grid, widest vectors: 72 SIMT configs (rows per CTA x threads per row x loads in
     flight), then up to 40 mma configs (block_N x block_K x stages x split, those shared memory holds),
-    then up to 12 mma configs of the cp.async program (``tma=False``)."""
+    then up to 11 mma configs of the cp.async program (``tma=False``; 64x256 with 8 stages never fits)."""
     return [GemvConfig(**c) for c in gemv_space(problem.K, problem.dtype)]
 
 
@@ -67,13 +69,29 @@ def require(problem: GemvProblem, config: GemvConfig) -> None:
 
 
 def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: bool = True) -> list[GemvConfig]:
-    """The carver's ranking of :func:`space` for ``arch``, best first: the model's top-1 first, at most
-    two per path and ``block_N``, and at least ``topk // 2`` of each path, until the grid runs out of
-    others. ``variants``: none for this family."""
+    """The carver's ranking of :func:`space` less its cp.async configs for ``arch``, best first: the
+    model's top-1 first, at most two per path and ``block_N``, and at least ``topk // 2`` of each path,
+    until the grid runs out of others. Then, with ``variants`` on a GPU with TMA, the model's best
+    :data:`_ASYNC_VARIANTS` cp.async configs (``tma=False``, one per ``block_N``), as the matmul family
+    appends its Hopper variants. They beat the TMA program's same tiles in most side-by-side comparisons
+    measured so far (32 and 117 MB weights, M = 1, 4 and 16; by up to 8 us with 16- and 32-column tiles,
+    tied with 64-column ones), but the model predicts the two programs alike and no grid of them exists
+    beyond 32 MB, so they join the tuner's candidates without displacing the hints the stored grids score."""
     if arch is None:
         raise ValueError("the gemv template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    tmpl = carver_template(problem, arch)
     grid = [c.carver_dict() for c in space(problem)]
-    ranked = [GemvConfig(**c) for c in carver_template(problem, arch).rank(grid).configs]
+    ranked_all = [GemvConfig(**c) for c in tmpl.rank(grid).configs]
+    ranked = [c for c in ranked_all if c.tma]
+    extra: list[GemvConfig] = []
+    for c in ranked_all if variants and tmpl.arch.has_tma else []:
+        if not c.tma and len(extra) < _ASYNC_VARIANTS and all(e.block_N != c.block_N for e in extra):
+            extra.append(c)
+    return _top_k(ranked, topk) + extra
+
+
+def _top_k(ranked: list[GemvConfig], topk: int) -> list[GemvConfig]:
+    """The first ``topk`` of ``ranked`` under the per-path and per-``block_N`` rules of :func:`candidates`."""
     share = {p: min(topk // _PATH_SHARE, sum(c.path == p for c in ranked)) for p in ("simt", "mma")}
     picked: list[GemvConfig] = []
     seen: dict[tuple[str, int], int] = {}
