@@ -419,15 +419,13 @@ def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
             out.append(dict(block_N=bn, block_K=rt * vec * un, thread_num=bn * rt))
     if gemv_mma_misaligned(K, dtype):
         return out
-    for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values()):
-        smem = st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024
-        if smem <= MAX_SMEM_PER_BLOCK and sk <= split_k_limit(K, bk):
-            out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
-                            split_k=sk))
-    for bn, bk, st in itertools.product(*GEMV_MMA_ASYNC_GRID.values()):
+    mma = [(bn, bk, st, sk, {}) for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values())
+           if sk <= split_k_limit(K, bk)]
+    mma += [(bn, bk, st, 1, {"tma": False}) for bn, bk, st in itertools.product(*GEMV_MMA_ASYNC_GRID.values())]
+    for bn, bk, st, sk, tma in mma:
         if st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024 <= MAX_SMEM_PER_BLOCK:
             out.append(dict(path="mma", block_N=bn, block_K=bk, thread_num=gemv_mma_threads(bn), num_stages=st,
-                            split_k=1, tma=False))
+                            split_k=sk, **tma))
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from carver.problem import canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, is_bool, shape_dim
+from carver.problem import canonical_dtype, check_device_bytes, dtype_bytes, int_in_range, shape_dim
 from carver.templates import GEMV_MAX_M, GEMV_PATHS, gemv_vec
 from templates.protocol import TemplateConfig
 
@@ -114,11 +114,8 @@ class GemvConfig(TemplateConfig):
     def normalize(cls, values: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in values.items():
-            if k == "tma":
-                if not is_bool(v):
-                    raise TypeError(f"tma must be a bool, got {v!r} of type {type(v).__name__}; use True (TMA, "
-                                    f"TileLang's lowering) or False (cp.async)")
-                out[k] = bool(v)
+            if k == "tma":  # the check every config's bool keys get, by annotation
+                out[k] = super().normalize({k: v})[k]
                 continue
             if k == "path":
                 if v not in GEMV_PATHS:
