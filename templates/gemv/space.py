@@ -74,9 +74,10 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     until the grid runs out of others. Then, with ``variants`` on a GPU with TMA, the model's best
     :data:`_ASYNC_VARIANTS` cp.async configs (``tma=False``, one per ``block_N``), as the matmul family
     appends its Hopper variants. They beat the TMA program's same tiles in most side-by-side comparisons
-    measured so far (32 and 117 MB weights, M = 1, 4 and 16; by up to 8 us with 16- and 32-column tiles,
-    tied with 64-column ones), but the model predicts the two programs alike and no grid of them exists
-    beyond 32 MB, so they join the tuner's candidates without displacing the hints the stored grids score."""
+    measured so far (32 and 117 MB weights, M = 1, 4 and 16; by up to 9 us with 16- and 32-column tiles,
+    within 0.9 us either way with 64-column ones at 32 MB), but the model predicts the two programs alike
+    and no grid of them exists beyond 32 MB, so they join the tuner's candidates without displacing the
+    hints the stored grids score."""
     if arch is None:
         raise ValueError("the gemv template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     tmpl = carver_template(problem, arch)
