@@ -81,12 +81,30 @@ def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None 
     caller's ``[-1]`` passed twice would be keyed ``(-1,)`` the first time and ``(2,)`` after, so that
     a process serving its kernels in another order than the one that compiled them missed the disk
     cache and compiled again (an H200 MLP block's first table-loaded forward: 10 of 12 kernels, 3 s).
+
+    TileLang lowers a copy of ``func``: on a cache miss its lowering renames variables of the function
+    it is given in place (the thread index ``tx`` of a kernel without a producer warpgroup becomes
+    ``thread_binding``), so the caller's PrimFunc would print, hash and pickle differently after its
+    first compile than a fresh elaboration of the same config: the winner's check then flagged a
+    factory that does depend on its arguments only (the cp.async GEMV, H200, 2026-11-23), and the
+    measuring side, loading the pickled PrimFunc, missed the disk cache and compiled it again.
     """
     import tilelang
 
     if out_idx is not None:
         out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
-    return tilelang.compile(func, out_idx=out_idx, target=target_spec, pass_configs=pass_configs)
+    return tilelang.compile(_private_copy(func), out_idx=out_idx, target=target_spec, pass_configs=pass_configs)
+
+
+def _private_copy(func: Any) -> Any:
+    """A deep copy of the PrimFunc ``func`` (TVM's JSON form, about 2 ms for a GEMM); ``func`` itself
+    when it does not round-trip (then TileLang may rename its variables, as before)."""
+    import pickle
+
+    try:
+        return pickle.loads(pickle.dumps(func))
+    except Exception:  # noqa: BLE001 - not a TVM object that pickles: compile it as given
+        return func
 
 
 def cloudpickle_module() -> Any:
@@ -104,13 +122,15 @@ def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
 
 
 def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,
-          pass_configs: dict[str, Any] | None = None, prim: Any = None) -> Any:
+          pass_configs: dict[str, Any] | None = None, prim: Any = None) -> tuple[Any, Any]:
     """Elaborate ``kernel`` for ``config`` and compile it with :func:`tl_compile` (a disk-cache hit
-    after the first time). A config's own ``pass_configs`` go to the compiler, not to the kernel.
-    ``prim``: the PrimFunc ``config`` elaborated to where that was done already (a compile worker's,
-    :func:`load_prim`); the same call then, without the 15-25 ms a GEMM's elaboration takes."""
+    after the first time); returns the kernel and the PrimFunc it was compiled from (hash that one, not
+    the kernel's ``prim_func``, which is TileLang's lowered copy). A config's own ``pass_configs`` go to
+    the compiler, not to the kernel. ``prim``: the PrimFunc ``config`` elaborated to where that was done
+    already (a compile worker's, :func:`load_prim`); the same call then, without the 15-25 ms a GEMM's
+    elaboration takes."""
     func = elaborate_config(kernel, config) if prim is None else prim
-    return tl_compile(func, target_spec, merge_pass_configs(pass_configs, split_config(config)[1]))
+    return tl_compile(func, target_spec, merge_pass_configs(pass_configs, split_config(config)[1])), func
 
 
 def dump_prim(func: Any) -> bytes | None:

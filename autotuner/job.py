@@ -45,7 +45,7 @@ from typing import Any
 
 from . import procs, spares
 from .bench import Measurer, make_measurer
-from .cache import DamagedRow, TuningCacheWarning, TuningDB, prim_hash
+from .cache import DamagedRow, TuningCacheWarning, TuningDB
 from .compile import CompileBatch, compile_many
 from .config import config_label, same_config
 from .devices import DevicePool, open_isolated
@@ -477,7 +477,7 @@ class _PlanRun:
         except TuningError as e:
             self.outcome = e
             return
-        best_prim = phash or (prim_hash(jit.prim_func) if jit is not None else measured_hash)
+        best_prim = phash or measured_hash  # the PrimFunc measured (a kernel's prim_func is TileLang's lowered copy)
         self._in_db("storing the winner", lambda db: db.finish_run(plan.key, best, ref_latency, best_prim))
         logger.info("tuning phases of %s: %s", plan.label, ", ".join(f"{k} {v:.2f} s" for k, v in phases.items()))
         self.outcome = plan.result(jit, best, ref_latency, [x for x in self.trials if x is not None], phases,

@@ -252,3 +252,24 @@ def test_tune_end_to_end():
     x = torch.randn(4, 4100, device="cuda").half()
     W = torch.randn(1000, 4100, device="cuda").half() / 64
     assert torch.allclose(k(x, W).float(), gemv.ref_program(x, W).float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_tuning_the_cp_async_program_finds_the_factory_depends_on_its_arguments_only():
+    """The cp.async program's compile renames its thread index (TileLang lowers in place); before the
+    compile lowered a copy, tuning it warned that the factory gave another PrimFunc in the tuning process
+    than in the worker (the MLP block's M = 16 keys, H200, 2026-11-23). A shape no other test compiles."""
+    import warnings
+
+    import torch
+
+    from autotuner import KernelFactoryWarning
+
+    p = GemvProblem(16, 1002, 4104, "float16")
+    configs = [c.to_dict() for c in GEMV.space(p) if c.path == "mma" and not c.tma][:3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFactoryWarning)
+        k = gemv.tune(16, 1002, 4104, configs=configs, rep=5)
+    x = torch.randn(16, 4104, device="cuda").half()
+    W = torch.randn(1002, 4104, device="cuda").half() / 64
+    assert torch.allclose(k(x, W).float(), gemv.ref_program(x, W).float(), atol=1e-2, rtol=1e-2)
