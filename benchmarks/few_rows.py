@@ -8,7 +8,8 @@ SMs and keeps enough bytes in flight wins, which is not what a compute-bound mod
 
 1. ``search``: the autotuner (isolated, every candidate checked) over a wide list: TileLang's 288 grid
    (unless ``--no-grid``), the carver's top-48 hints, split-K of the top 16 at 2 to 8 splits, and the
-   candidates ``tune()`` would try (the carver's top ``--topk`` with its variants). Each trial's median
+   candidates ``tune()`` would try (the carver's top ``--topk`` with its variants), and any
+   ``--also-configs``. Each trial's median
    is kept (``few_rows.json``). ``--timing back_to_back`` times them back to back, as the op tunes.
 2. ``versus``: the search's best 4, the best of ``tune()``'s candidates and cuBLAS (``x @ W.T``), in
    interleaved rounds in this process (CUDA events after an L2 flush): ratios to cuBLAS and the bytes
@@ -40,11 +41,12 @@ SHAPES = ("128x14336x4096", "128x4096x14336", "256x14336x4096", "64x4096x14336")
 
 
 def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True,
-              block_ns: tuple[int, ...] = ()) -> tuple[list[Any], list[Any]]:
+              block_ns: tuple[int, ...] = (), also: list[dict[str, Any]] = ()) -> tuple[list[Any], list[Any]]:
     """(every config to search, the ones tune() would try), as MatmulConfigs, checked, no duplicates.
     ``block_ns``: the top-16 hints again with each of these block_N (tiles the carver does not enumerate),
-    unsplit and split 2 to 8."""
+    unsplit and split 2 to 8. ``also``: more configs (another model's hints, say), as dicts."""
     from templates.matmul import space
+    from templates.matmul.config import MatmulConfig
 
     tuned = space.candidates(problem, arch, topk)
     hints = space.candidates(problem, arch, 48, variants=False, split_k=False)
@@ -54,7 +56,8 @@ def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True,
     wider = [dataclasses.replace(c, block_N=n, split_k=s) for c in hints[:16] for n in block_ns
              for s in (1, 2, 3, 4, 6, 8) if s <= space.split_k_limit(problem.K, c.block_K)]
     out: list[Any] = []
-    for c in [*tuned, *hints, *split, *more, *wider, *(space.space(problem) if grid else [])]:
+    extra = [MatmulConfig.from_dict(c) for c in also]
+    for c in [*tuned, *hints, *split, *more, *wider, *extra, *(space.space(problem) if grid else [])]:
         if c not in out and not space.check(problem, c, arch):
             out.append(c)
     return out, tuned
@@ -68,7 +71,9 @@ def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, A
     M, N, K = map(int, shape.split("x"))
     arch = carver.arch.CUDA(args.arch)
     problem = make_problem(M, N, K, args.dtype, None, "float32", False, True, in_name="dtype")
-    configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid, block_ns=tuple(args.also_block_n))
+    also = json.loads(Path(args.also_configs).read_text()).get(shape, []) if args.also_configs else []
+    configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid, block_ns=tuple(args.also_block_n),
+                               also=also)
     log(f"{shape}: searching {len(configs)} configs ({len(tuned)} of them tune()'s)")
     t0 = time.time()
     tuner = matmul.tuner(M, N, K, dtype=args.dtype, configs=[c.to_dict() for c in configs], arch=args.arch)
@@ -222,6 +227,8 @@ def main() -> int:
                     help="how the search times candidates (back_to_back: as a forward runs them, the op's way)")
     ap.add_argument("--also-block-n", nargs="*", type=int, default=[],
                     help="also search the top-16 hints with these block_N (e.g. 112: 14336 / 112 = 128 tiles)")
+    ap.add_argument("--also-configs", help="a JSON file {MxNxK: [config, ...]} of more configs to search "
+                    "(another carver's hints, to score both orders offline with few_rows_scores.py)")
     ap.add_argument("--searched", help="a few_rows.json whose searches to reuse (shapes found there are not searched)")
     ap.add_argument("--time-limit", type=float, default=400.0)
     args = ap.parse_args()
