@@ -8,6 +8,7 @@ on the GPU: M of 64 to 512 against Llama-3-8B weights, 48-329 configs each, time
 regime where the model is weakest. Per search it prints, over the configs that search measured:
 
 * top4 / top8: the fastest measured over the fastest of the model's first 4 / 8 (1.000 = found the best);
+  +hedge: the first 4 and the row-tile hedge (``templates.matmul.space.row_tile_hedge``), as tune() has them;
 * rank: where the model puts the fastest; pred/meas: its predicted over measured latency, for the fastest
   and for the model's first.
 
@@ -39,6 +40,8 @@ from carver.lowering import ConfigArrays, lower  # noqa: E402
 from carver.model import ModelConstants, constants_for, predict_arrays  # noqa: E402
 from carver.problem import MatmulProblem  # noqa: E402
 from carver.validity import legal_mask  # noqa: E402
+from templates.matmul.config import MatmulConfig  # noqa: E402
+from templates.matmul.space import row_tile_hedge  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data"
 
@@ -86,6 +89,24 @@ def raster_pairs(arch: Any, const: ModelConstants) -> list[tuple[str, float, flo
     return out
 
 
+def search_scores(arch: Any, const: ModelConstants) -> list[dict[str, Any]]:
+    """Per few-row search: the fastest measured over the fastest of the model's first 4 (``top4``), of
+    those and the row-tile hedge (``top4_hedge``, what tune() has) and of its first 8 (``top8``); where
+    the model ranks the fastest; predicted over measured latency of the fastest and of the model's first."""
+    rows = []
+    for name, p, cfgs, us in few_row_searches(arch):
+        pred = predicted(p, arch, cfgs, const)
+        order = np.argsort(pred, kind="stable")
+        b = int(np.argmin(us))
+        typed = [MatmulConfig.from_dict(cfgs[i]) for i in order]
+        hedge = [typed.index(c) for c in row_tile_hedge(p, typed)]
+        rows.append(dict(name=name, n=len(us), top4=us.min() / us[order[:4]].min(),
+                         top4_hedge=us.min() / us[order[sorted({0, 1, 2, 3, *hedge})]].min(),
+                         top8=us.min() / us[order[:8]].min(), rank=int(np.where(order == b)[0][0]),
+                         fastest_ratio=pred[b] / us[b], first_ratio=pred[order[0]] / us[order[0]]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="H200", help="the GPU the data was measured on")
@@ -99,20 +120,16 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(const, name) or not value:
             ap.error(f"--set {item!r}: expected NAME=VALUE with NAME a field of carver.model.ModelConstants")
         const = const.replace(**{name: float(value)})
-    geo = []
     print("few-row searches (the model's order of the configs each search measured):")
-    for name, p, cfgs, us in few_row_searches(arch):
-        pred = predicted(p, arch, cfgs, const)
-        order = np.argsort(pred, kind="stable")
-        b = int(np.argmin(us))
-        top4, top8 = us.min() / us[order[:4]].min(), us.min() / us[order[:8]].min()
-        geo.append((top4, top8))
-        rank = int(np.where(order == b)[0][0])
-        print(f"  {name:40s} n={len(us):3d}  top4 {top4:.3f}  top8 {top8:.3f}  rank {rank:3d}"
-              f"  pred/meas fastest {pred[b] / us[b]:.2f}, model's first {pred[order[0]] / us[order[0]]:.2f}")
-    g = [math.exp(np.mean(np.log(x))) for x in zip(*geo)]
-    print(f"  geomean top4 {g[0]:.3f}, top8 {g[1]:.3f}; worst top4 {min(x for x, _ in geo):.3f}, "
-          f"top8 {min(y for _, y in geo):.3f}")
+    rows = search_scores(arch, const)
+    for r in rows:
+        print(f"  {r['name']:40s} n={r['n']:3d}  top4 {r['top4']:.3f}  +hedge {r['top4_hedge']:.3f}  "
+              f"top8 {r['top8']:.3f}  rank {r['rank']:3d}  pred/meas fastest {r['fastest_ratio']:.2f}, "
+              f"model's first {r['first_ratio']:.2f}")
+    keys = ("top4", "top4_hedge", "top8")
+    g = [math.exp(np.mean(np.log([r[k] for r in rows]))) for k in keys]
+    print(f"  geomean top4 {g[0]:.3f}, top4 + hedge {g[1]:.3f}, top8 {g[2]:.3f}; worst "
+          + ", ".join(f"{min(r[k] for r in rows):.3f}" for k in keys))
     print("calibration grids:")
     for grid in load_grids(str(DATA / "h200-gemm-grid"), arch):
         s = score(grid, arch, const)

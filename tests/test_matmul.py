@@ -213,6 +213,27 @@ def test_split_k_candidates_only_for_few_waves():
     assert mm.split_k_candidates([SMALL_M], 64, 4096, 64, 132) == []
 
 
+def test_row_tile_hedge_measures_the_other_tile_height_at_few_rows():
+    """At M = 128 the carver ranks 64x96 tiles first for 128x6144x4096; measured, 128-row tiles are 27%
+    faster (benchmarks/data/few-rows-2026-11-23b-h200), so tune() also measures the best other height."""
+    from templates.matmul import space
+    from templates.matmul.config import make_problem
+
+    few = make_problem(128, 6144, 4096, "float16")
+    ranked = space.candidates(few, CUDA("H200"), space.ROW_HEDGE_DEPTH, variants=False, split_k=False)
+    (hedge,) = space.row_tile_hedge(few, ranked)
+    assert hedge.block_M != ranked[0].block_M and hedge.split_k == 1
+    assert hedge == next(c for c in ranked if c.block_M != ranked[0].block_M and c.split_k == 1)
+    tuned = space.candidates(few, CUDA("H200"), 4)
+    assert hedge in tuned and tuned[:4] == ranked[:4]
+    # a split-K config never serves as the hedge; one height alone, or many tile rows, need none
+    other = 128 if ranked[0].block_M != 128 else 64
+    assert space.row_tile_hedge(few, [ranked[0], dataclasses.replace(ranked[0], block_M=other, split_k=2)]) == []
+    assert space.row_tile_hedge(few, ranked[:1]) == [] and space.row_tile_hedge(few, []) == []
+    many = make_problem(4096, 4096, 4096, "float16")
+    assert space.row_tile_hedge(many, space.candidates(many, CUDA("H200"), 8, variants=False)) == []
+
+
 def test_hopper_variants():
     """full_row only for blocks wider than tall; persistent only past one wave and for short K, with
     stages cut until C's tile fits beside them."""
@@ -310,7 +331,8 @@ def test_tuner_wires_carver_hints_into_the_autotuner(monkeypatch):
                         arch=CUDA("H100"))  # the arch resolved once, to the carver's description
     hints = [SMALL_M, dict(SMALL_M, block_N=64)]
     assert t.configs[:2] == hints
-    assert [c.get("split_k") for c in t.configs[2:]] == [2, 4, 8, 2, 4]  # 32 and 64 tiles on 132 SMs
+    assert t.configs[2] == BEST  # the row-tile hedge: 64 rows span one 64-row tile, BEST is 128 rows high
+    assert [c.get("split_k") for c in t.configs[3:]] == [2, 4, 8, 2, 4]  # 32 and 64 tiles on 132 SMs
     func = t.fn(**t.configs[0])  # the partial builds the right problem
     assert [int(d) for d in func.buffer_map[func.params[0]].shape] == [4096, 64]
     assert t.validate(dict(SMALL_M, block_M=256)) == ["too much shared memory"]

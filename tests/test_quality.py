@@ -34,7 +34,12 @@ def test_the_gemm_grids_score_as_docs_carver_md_says(gemm_scores):
     assert set(by) == {"2048x14336x4096", "256x8192x8192", "4096x4096x4096", "8192x8192x8192"}
     for s in gemm_scores:
         assert s["family"] == "matmul" and s["arch"] == "H200"
-        assert s["recall"][quality.TILECARVE_HINTS][7] == 1.0  # the best config is in the top 8
+        if s["label"] == "256x8192x8192":
+            # the carver's top 16 are deeper-staged or split tiles this grid (stages <= 3) never measured;
+            # few-rows-2026-11-23b-h200 measured them: test_few_row_searches_... below
+            assert s["recall"][quality.TILECARVE_HINTS][7] is None
+        else:
+            assert s["recall"][quality.TILECARVE_HINTS][7] == 1.0  # the best config is in the top 8
         assert s["recall"][quality.TILECARVE_RANK][7] == 1.0
         assert 0.9 < s["spearman"] < 1.0
         assert s["tilelang_hints"] == "recorded"
@@ -43,8 +48,28 @@ def test_the_gemm_grids_score_as_docs_carver_md_says(gemm_scores):
             json.loads(open(s["file"]).read())["summary"]["carver_top10_vs_best"])
         assert s["recall"][quality.TILELANG_HINTS][15] < 0.5  # TileLang's carver misses by 2x or more
         assert s["dropped_best_fraction"] < 0.5  # the validity rules drop no winner
-    assert by["4096x4096x4096"]["spearman"] == pytest.approx(0.947, abs=1e-3)
+    assert by["4096x4096x4096"]["spearman"] == pytest.approx(0.943, abs=1e-3)
     assert by["256x8192x8192"]["recall"][quality.TILECARVE_HINTS][0] is None  # its first hint is not in the grid
+
+
+def test_few_row_searches_hold_their_best_in_the_carvers_top8_and_in_tunes_top4_with_the_hedge():
+    """The GEMM model over every few-row search in benchmarks/data (M = 64 to 512, measured back to back on
+    an H200): the regime where it is weakest (docs/carver.md). Before the miss-latency term (2026-11-23)
+    the worst top-8 was 0.801 and the geomean of the top-4 0.962."""
+    import sys
+
+    sys.path.insert(0, str(quality.DATA_ROOT.parent))
+    import few_rows_scores
+
+    from carver.arch import CUDA
+    from carver.model import constants_for
+
+    rows = few_rows_scores.search_scores(CUDA("H200"), constants_for(CUDA("H200")))
+    assert len(rows) >= 16 and any("256x8192x8192" in r["name"] for r in rows)
+    assert min(r["top8"] for r in rows) >= 0.98
+    assert min(r["top4_hedge"] for r in rows) >= 0.95
+    assert math.exp(sum(math.log(r["top4_hedge"]) for r in rows) / len(rows)) >= 0.99
+    assert all(r["top4_hedge"] >= r["top4"] for r in rows)
 
 
 def test_every_family_in_the_data_is_scored():

@@ -43,6 +43,7 @@ __all__ = [
     "check",
     "default_space",
     "hint_configs",
+    "row_tile_hedge",
     "hopper_variants",
     "hopper_variants_for",
     "space",
@@ -295,17 +296,35 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     return [c for _, c in sorted(out, key=lambda t: t[0])]
 
 
+#: How deep in the carver's ranking :func:`row_tile_hedge` looks.
+ROW_HEDGE_DEPTH = 32
+
+
+def row_tile_hedge(problem: MatmulProblem, ranked: Sequence[MatmulConfig]) -> list[MatmulConfig]:
+    """With few rows (M spans at most two of the top config's tile rows), the best-ranked unsplit config
+    whose ``block_M`` differs from the top one's: there the model's error (20-35% on the few-row searches,
+    ``benchmarks/few_rows_scores.py``) is larger than the gap it sees between one and two tile rows
+    (64x224 won 128x14336x4096 by 3%; 128x64 won 128x6144x4096 by 27% over the model's 64x96), so tuning
+    measures the best of each. Empty otherwise."""
+    if not ranked or math.ceil(problem.M / ranked[0].block_M) > 2:
+        return []
+    top = ranked[0].block_M
+    return [c for c in ranked if c.block_M != top and c.split_k == 1][:1]
+
+
 def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants: bool = True, *,
                split_k: bool = True) -> list[MatmulConfig]:
-    """The carver's top ``topk`` hints for ``arch``, best first, then (with ``split_k``) split-K variants
+    """The carver's top ``topk`` hints for ``arch``, best first, then the row-tile hedge
+    (:func:`row_tile_hedge`), then (with ``split_k``) split-K variants
     of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
     the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
     carver's ws term predicts it pays, the hand-scheduled loop). The first config is always the carver's
     top-1."""
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
-    hints = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), topk)]
-    out = list(hints)
+    ranked = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), max(topk, ROW_HEDGE_DEPTH))]
+    hints = ranked[:topk]
+    out = hints + [c for c in row_tile_hedge(problem, ranked) if c not in hints]
     if split_k:
         out += split_k_variants(problem, hints, arch.sm_count)
     if variants and arch.has_wgmma:
