@@ -47,12 +47,15 @@ class Family:
     the file's problem (it needs ``.rank(configs)`` -> ``Ranking``); ``hints(model, summary, arch, k)``
     gives the carver's top k configs as the tuner measures them (None: the model's rank of the grid);
     ``defaults``: config keys a file may omit at their default value; ``keys()``: the config keys the
-    family has now (None: any), so rows of a knob since removed are skipped and counted, not scored."""
+    family has now (None: any), so rows of a knob since removed are skipped and counted, not scored;
+    ``config()``: the family's config class, whose ``from_dict(c).to_dict()`` spells every config one way
+    (a default a file writes out, ``"tma": true`` say, then matches the hint that leaves it out)."""
 
     model: Callable[[Mapping[str, Any], Any], Any]
     hints: Callable[[Any, Mapping[str, Any], Any, int], list[dict[str, Any]]] | None = None
     defaults: Mapping[str, int] = field(default_factory=dict)
     keys: Callable[[], tuple[str, ...]] | None = None
+    config: Callable[[], Any] | None = None
 
 
 def _matmul_model(s: Mapping[str, Any], arch: Any) -> Any:
@@ -109,10 +112,20 @@ def _attention_keys() -> tuple[str, ...]:
 #: One entry per family the grids may name (``summary["family"]``). A new family adds one line.
 FAMILIES: dict[str, Family] = {
     "matmul": Family(_matmul_model, lambda m, s, a, k: [h.to_config() for h in m.recommend_hints(topk=k)],
-                     defaults={"panel_size": 10, "split_k": 1}),
-    "gemv": Family(_gemv_model, _gemv_hints, defaults={"split_k": 1}),
-    "attention": Family(_attention_model, _attention_hints, keys=_attention_keys, defaults={"variant": "pipelined"}),
+                     defaults={"panel_size": 10, "split_k": 1},
+                     config=lambda: _config_class("matmul", "MatmulConfig")),
+    "gemv": Family(_gemv_model, _gemv_hints, defaults={"split_k": 1},
+                   config=lambda: _config_class("gemv", "GemvConfig")),
+    "attention": Family(_attention_model, _attention_hints, keys=_attention_keys, defaults={"variant": "pipelined"},
+                        config=lambda: _config_class("attention", "AttentionConfig")),
 }
+
+
+def _config_class(family: str, name: str) -> Any:
+    """``templates.<family>.config.<name>``, imported when first scored."""
+    import importlib
+
+    return getattr(importlib.import_module(f"templates.{family}.config"), name)
 
 
 @dataclass(frozen=True)
@@ -179,8 +192,20 @@ def _known_rows(g: Grid) -> Grid:
     return Grid(g.path, g.summary, rows, len(g.rows) - len(known))
 
 
-def _key(cfg: Mapping[str, Any], defaults: Mapping[str, int]) -> tuple:
-    return tuple(sorted((k, v if isinstance(v, str) else int(v)) for k, v in cfg.items() if defaults.get(k) != v))
+def _key(cfg: Mapping[str, Any], fam: Family) -> tuple:
+    """A config's identity within its family: its canonical spelling, defaults left out."""
+    if fam.config is not None:
+        try:
+            cfg = fam.config().from_dict(cfg).to_dict()
+        except Exception:  # noqa: BLE001 - a config the class refuses is compared as the file writes it
+            pass
+
+    def value(v: Any) -> Any:
+        if isinstance(v, str):
+            return v
+        return int(v) if isinstance(v, (bool, int, float)) else json.dumps(v, sort_keys=True)
+
+    return tuple(sorted((k, value(v)) for k, v in cfg.items() if fam.defaults.get(k) != v))
 
 
 def recall_curve(ms: list[float | None], best_ms: float, ks: tuple[int, ...] = KS) -> list[float | None]:
@@ -238,13 +263,13 @@ def score_grid(g: Grid, arch: Any = None, k: int = max(KS)) -> dict[str, Any]:
     arch = CUDA(arch or g.summary.get("device") or "H200") if arch is None or isinstance(arch, str) else arch
     if not g.rows:
         raise ValueError(f"{g.path} has no correct measured config to score against")
-    measured = {_key(r["config"], fam.defaults): r["ms"] for r in g.rows}
+    measured = {_key(r["config"], fam): r["ms"] for r in g.rows}
     best = min(g.rows, key=lambda r: r["ms"])
     model = fam.model(g.summary, arch)
     ranking = model.rank([r["config"] for r in g.rows])
-    rank_ms = [measured[_key(rc.config, fam.defaults)] for rc in ranking.ranked]
+    rank_ms = [measured[_key(rc.config, fam)] for rc in ranking.ranked]
     pred_ms = [rc.prediction.latency_ms for rc in ranking.ranked]
-    dropped_ms = [measured[_key(d.config, fam.defaults)] for d in ranking.dropped]
+    dropped_ms = [measured[_key(d.config, fam)] for d in ranking.dropped]
     curves = {TILECARVE_RANK: recall_curve(rank_ms, best["ms"])}
     unmeasured: dict[str, int] = {}
     hints_s = None
@@ -252,12 +277,12 @@ def score_grid(g: Grid, arch: Any = None, k: int = max(KS)) -> dict[str, Any]:
         t0 = time.perf_counter()
         hints = fam.hints(model, g.summary, arch, k)
         hints_s = time.perf_counter() - t0
-        ms = [measured.get(_key(h, fam.defaults)) for h in hints]
+        ms = [measured.get(_key(h, fam)) for h in hints]
         curves[TILECARVE_HINTS] = recall_curve(ms, best["ms"])
         unmeasured[TILECARVE_HINTS] = sum(m is None for m in ms[: max(KS)])
     tl = _tilelang_hints(g)
     if tl:
-        ms = [measured.get(_key(h, fam.defaults)) for h in tl[0]]
+        ms = [measured.get(_key(h, fam)) for h in tl[0]]
         curves[TILELANG_HINTS] = recall_curve(ms, best["ms"])
         unmeasured[TILELANG_HINTS] = sum(m is None for m in ms[: max(KS)])
     return dict(
