@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import forking, procs, spares
-from .cache import prim_hash
 from .check import (
     compare,
     make_args,
@@ -330,7 +329,7 @@ class Bench:
         again; what is checked and timed, and hashed for the winner's check, is that PrimFunc's kernel."""
         s = self.spec
         try:
-            jit, func = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
+            jit, digest = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
         except Exception as e:  # noqa: BLE001 - the worker compiled it; a failure to load is this config's
             return Trial(cfg, Status.COMPILE_ERROR, "load after compile failed: " + format_error(e), compile_s)
         if not self._loaded:  # the first kernel: what its load costs, apart from the inputs
@@ -348,7 +347,7 @@ class Bench:
         if why is not None:
             return Trial(cfg, Status.MISMATCH, why, compile_s)
         self._kernels[index] = jit
-        self._hashes[index] = prim_hash(func)
+        self._hashes[index] = digest
         return Trial(cfg, Status.OK, None, compile_s, timing.median_ms, timing.min_ms, timing.iqr_ms)
 
     def retime(self, index: int, cfg: dict[str, Any], prim: bytes | None = None) -> Timing | None:
@@ -365,14 +364,14 @@ class Bench:
         try:
             if index not in self._kernels:
                 s = self.spec
-                jit, func = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
+                jit, digest = build(s.kernel, cfg, s.target_spec, s.pass_configs, prim=load_prim(prim))
                 if prim is None and index not in self._hashes:  # never checked in this run
                     failed = self.check(jit)
                     if failed is not None:
                         logger.warning("config %s, resumed from an interrupted run, fails its check now (%s: %s); "
                                        "not a finalist", config_label(cfg), failed[0], error_headline(failed[1]))
                         return None
-                    self._hashes[index] = prim_hash(func)
+                    self._hashes[index] = digest
                 self._kernels[index] = jit
             jit = self._kernels[index]
             return self._time(jit, self._case(jit), self.spec.timing.finalist_mode)

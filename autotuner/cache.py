@@ -185,6 +185,12 @@ def function_fingerprint(fn: Any, seen: set[int], depth: int) -> dict[str, Any]:
     return out
 
 
+#: What a stored winner's PrimFunc hash is taken of. 2: the PrimFunc as elaborated, before TileLang's
+#: lowering renames variables in place (1, before 2026-11-23: after, on a cache miss; those rows were
+#: distrusted with a warning that blamed the factory, so they are keyed apart and tune again, silently).
+PRIM_HASH_FORM = "2"
+
+
 def _versions() -> dict[str, str | None]:
     import tilelang
     import torch
@@ -192,7 +198,7 @@ def _versions() -> dict[str, str | None]:
     from . import __version__
 
     return {"tilelang": tilelang.__version__, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "tilecarve": __version__}
+            "tilecarve": __version__, "prim_hash": PRIM_HASH_FORM}
 
 
 def key_parts(kernel: Callable[..., Any], configs: Iterable[dict[str, Any]],

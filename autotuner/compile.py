@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import forking, procs
+from .cache import prim_hash
 from .config import merge_pass_configs, split_config
 from .settings import resolve_out_idx
 from .trial import Status, error_headline, format_error
@@ -122,15 +123,16 @@ def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
 
 
 def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,
-          pass_configs: dict[str, Any] | None = None, prim: Any = None) -> tuple[Any, Any]:
+          pass_configs: dict[str, Any] | None = None, prim: Any = None) -> tuple[Any, str]:
     """Elaborate ``kernel`` for ``config`` and compile it with :func:`tl_compile` (a disk-cache hit
-    after the first time); returns the kernel and the PrimFunc it was compiled from (hash that one, not
-    the kernel's ``prim_func``, which is TileLang's lowered copy). A config's own ``pass_configs`` go to
-    the compiler, not to the kernel. ``prim``: the PrimFunc ``config`` elaborated to where that was done
-    already (a compile worker's, :func:`load_prim`); the same call then, without the 15-25 ms a GEMM's
-    elaboration takes."""
+    after the first time); returns the kernel and the hash (:func:`.cache.prim_hash`) of the PrimFunc
+    it was compiled from, taken before the compile (not of the kernel's ``prim_func``: TileLang's lowered
+    copy). A config's own ``pass_configs`` go to the compiler, not to the kernel. ``prim``: the PrimFunc
+    ``config`` elaborated to where that was done already (a compile worker's, :func:`load_prim`); the
+    same call then, without the 15-25 ms a GEMM's elaboration takes."""
     func = elaborate_config(kernel, config) if prim is None else prim
-    return tl_compile(func, target_spec, merge_pass_configs(pass_configs, split_config(config)[1])), func
+    digest = prim_hash(func)
+    return tl_compile(func, target_spec, merge_pass_configs(pass_configs, split_config(config)[1])), digest
 
 
 def dump_prim(func: Any) -> bytes | None:

@@ -515,7 +515,8 @@ class AutoTuner:
         if func is None:
             func = self._elaborate(config)
         base = self.compile_settings.pass_config_dict
-        return tl_compile(func, target.spec, merge_pass_configs(base, split_config(config)[1])), prim_hash(func)
+        digest = prim_hash(func)  # before the compile, which may rename func's variables (tl_compile)
+        return tl_compile(func, target.spec, merge_pass_configs(base, split_config(config)[1])), digest
 
     def _elaborate(self, config: dict[str, Any]) -> Any:
         """``config``'s PrimFunc, elaborated here by the user's factory, bounded by ``compile_timeout``."""

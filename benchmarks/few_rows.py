@@ -41,7 +41,7 @@ SHAPES = ("128x14336x4096", "128x4096x14336", "256x14336x4096", "64x4096x14336")
 
 
 def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True,
-              block_ns: tuple[int, ...] = (), also: list[dict[str, Any]] = ()) -> tuple[list[Any], list[Any]]:
+              block_ns: tuple[int, ...] = (), also: tuple[dict[str, Any], ...] = ()) -> tuple[list[Any], list[Any]]:
     """(every config to search, the ones tune() would try), as MatmulConfigs, checked, no duplicates.
     ``block_ns``: the top-16 hints again with each of these block_N (tiles the carver does not enumerate),
     unsplit and split 2 to 8. ``also``: more configs (another model's hints, say), as dicts."""
@@ -57,6 +57,9 @@ def wide_list(problem: Any, arch: Any, topk: int, grid: bool = True,
              for s in (1, 2, 3, 4, 6, 8) if s <= space.split_k_limit(problem.K, c.block_K)]
     out: list[Any] = []
     extra = [MatmulConfig.from_dict(c) for c in also]
+    refused = [c for c in extra if space.check(problem, c, arch)]
+    if refused:
+        log(f"--also-configs: {len(refused)} of {len(extra)} refused by the template's rules, not searched")
     for c in [*tuned, *hints, *split, *more, *wider, *extra, *(space.space(problem) if grid else [])]:
         if c not in out and not space.check(problem, c, arch):
             out.append(c)
@@ -71,7 +74,7 @@ def phase_search(shape: str, args: argparse.Namespace, out: Path) -> dict[str, A
     M, N, K = map(int, shape.split("x"))
     arch = carver.arch.CUDA(args.arch)
     problem = make_problem(M, N, K, args.dtype, None, "float32", False, True, in_name="dtype")
-    also = json.loads(Path(args.also_configs).read_text()).get(shape, []) if args.also_configs else []
+    also = tuple(json.loads(Path(args.also_configs).read_text()).get(shape, [])) if args.also_configs else ()
     configs, tuned = wide_list(problem, arch, args.topk, grid=not args.no_grid, block_ns=tuple(args.also_block_n),
                                also=also)
     log(f"{shape}: searching {len(configs)} configs ({len(tuned)} of them tune()'s)")

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 class Prediction:
     """The model's answer for one config (times in milliseconds).
 
-    ``latency_ms`` is the prediction; ``compute_ms`` (tensor cores), ``memory_ms`` (L2 + DRAM),
+    ``latency_ms`` is the prediction; ``compute_ms`` (tensor cores), ``memory_ms`` (L2 and DRAM),
     ``pipeline_ms`` (load latency over the stages in flight) and ``epilogue_ms`` (fill + C store) are the
     terms it blends; ``waves`` / ``wave_efficiency`` describe the tail; ``bound`` names the limit that
     dominates. ``errors`` is non-empty when the config is illegal (the numbers then say how it would do).

@@ -100,7 +100,7 @@ class Terms:
 
     latency_us: np.ndarray        # the prediction
     compute_us: np.ndarray        # tensor-core time of the whole kernel at the instruction's efficiency
-    memory_us: np.ndarray         # L2 + DRAM time of the whole kernel's loads
+    memory_us: np.ndarray         # L2 and DRAM time (soft maximum) of the whole kernel's loads
     pipeline_us: np.ndarray       # latency-bound time of the K loop (load latency / stages in flight)
     epilogue_us: np.ndarray       # prologue fill + epilogue, summed over waves (+ split-K reduction)
     iteration_us: np.ndarray      # blended time of one K-iteration in a full wave
@@ -189,7 +189,7 @@ def predict_arrays(problem: MatmulProblem, arch: GPUArch, lw: Lowering,
         t_it = np.where(ws, t_ws, t_nows)
         pipe = np.where(ws, pipe_ws, serial)
         dur = lat + kit * t_it + epilogue
-        return dur, t_it, pipe, t_mem, miss
+        return dur, t_it, pipe, t_mem, miss, lat
 
     full = cta_time(per_wave)
     part = cta_time(np.where(rest > 0, rest, per_wave))
@@ -214,7 +214,8 @@ def predict_arrays(problem: MatmulProblem, arch: GPUArch, lw: Lowering,
         compute_us=waves_whole * kit * t_mma * np.where(ws, 1.0, occ),
         memory_us=over_waves(3),
         pipeline_us=over_waves(2),
-        epilogue_us=waves_whole * (latency + epilogue) + reduce_bytes / dram_bw,
+        epilogue_us=(n_full * (full[5] + epilogue) + np.where(has_rest, part[5] + epilogue, 0.0)
+                     + reduce_bytes / dram_bw),
         iteration_us=full[1],
         waves=tiles / per_wave,
         wave_efficiency=tiles / (waves_whole * per_wave),

@@ -482,7 +482,8 @@ class GEMVTemplate(GeneralReductionTemplate):
                           f"'mma' (tensor cores, for several rows of x)"]
         tma = config.get("tma", True)
         if not is_bool(tma):
-            return None, [f"tma must be a bool, got {tma!r}; use True (TileLang's TMA lowering) or False (cp.async)"]
+            return None, [f"tma must be a bool, got {tma!r} of type {type(tma).__name__}; use True (TileLang's TMA "
+                          "lowering) or False (cp.async)"]
         if path != "mma" and not tma:
             return None, ["tma is a key of the mma path, got tma=False with path='simt'; add path='mma' or leave "
                           "it out"]

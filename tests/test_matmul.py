@@ -380,3 +380,16 @@ def test_real_carver_hints_build(shape, trans_A, trans_B):
     for cfg in t.configs:
         assert t.validate(cfg) == [], cfg
         t.fn(**cfg)  # builds the TIR
+
+
+def test_candidates_refuse_a_topk_that_is_not_a_positive_int():
+    """The hedge ranks at least ROW_HEDGE_DEPTH hints, so candidates() checks topk itself (0 returned the
+    hedge alone, first, before it did)."""
+    from templates.matmul import space
+    from templates.matmul.config import make_problem
+
+    p = make_problem(128, 14336, 4096, "float16")
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises((TypeError, ValueError), match="topk"):
+            space.candidates(p, CUDA("H100"), bad)
+    assert space.candidates(p, CUDA("H100"), 1)[0] == space.candidates(p, CUDA("H100"), 8)[0]

@@ -322,6 +322,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     top-1."""
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    topk = positive_int(topk, "topk")  # checked here: the ranking below asks for at least ROW_HEDGE_DEPTH
     ranked = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), max(topk, ROW_HEDGE_DEPTH))]
     hints = ranked[:topk]
     out = hints + [c for c in row_tile_hedge(problem, ranked) if c not in hints]
