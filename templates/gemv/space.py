@@ -27,6 +27,11 @@ _STAND_IN = "H100"
 _PER_BLOCK_N = 2
 #: cp.async configs (``tma=False``) appended to the top-k on a GPU with TMA (see :func:`candidates`).
 _ASYNC_VARIANTS = 2
+#: The deepest cp.async pipeline (``num_stages * block_K`` columns in flight) a variant may have, as a
+#: fraction of K. The model prefers deep pipelines; measured at K = 4096 (32 MB weight, M = 4 and 16, H100
+#: and H200, streamed) the configs 1024 columns deep were the fastest and those 2048 deep 3-40% slower
+#: (`benchmarks/data/gemv-bandwidth-all-2026-11-23-h100`, `gemv-fixed-cost-2026-11-23-h200/e`).
+_ASYNC_MAX_DEPTH = 0.25
 #: At least topk // this of the top-k come from each path (half) while the mma path's constants are the GEMM
 #: calibration's (no GEMV grid of that path measured yet): the measurement decides between them.
 _PATH_SHARE = 2
@@ -72,7 +77,8 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     """The carver's ranking of :func:`space` less its cp.async configs for ``arch``, best first: the
     model's top-1 first, at most two per path and ``block_N``, and at least ``topk // 2`` of each path,
     until the grid runs out of others. Then, with ``variants`` on a GPU with TMA, the model's best
-    :data:`_ASYNC_VARIANTS` cp.async configs (``tma=False``, one per ``block_N``), as the matmul family
+    :data:`_ASYNC_VARIANTS` cp.async configs (``tma=False``, one per ``block_N``, at most a quarter of K
+    in flight where any is: :data:`_ASYNC_MAX_DEPTH`), as the matmul family
     appends its Hopper variants. They beat the TMA program's same tiles in most side-by-side comparisons
     measured so far (32 and 117 MB weights, M = 1, 4 and 16; by up to 9 us with 16- and 32-column tiles,
     within 0.9 us either way with 64-column ones at 32 MB), but the model predicts the two programs alike
@@ -84,9 +90,11 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     grid = [c.carver_dict() for c in space(problem)]
     ranked_all = [GemvConfig(**c) for c in tmpl.rank(grid).configs]
     ranked = [c for c in ranked_all if c.tma]
+    asyncs = [c for c in ranked_all if not c.tma] if variants and tmpl.arch.has_tma else []
+    asyncs = [c for c in asyncs if c.num_stages * c.block_K <= problem.K * _ASYNC_MAX_DEPTH] or asyncs
     extra: list[GemvConfig] = []
-    for c in ranked_all if variants and tmpl.arch.has_tma else []:
-        if not c.tma and len(extra) < _ASYNC_VARIANTS and all(e.block_N != c.block_N for e in extra):
+    for c in asyncs:
+        if len(extra) < _ASYNC_VARIANTS and all(e.block_N != c.block_N for e in extra):
             extra.append(c)
     return _top_k(ranked, topk) + extra
 
