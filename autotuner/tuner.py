@@ -49,13 +49,12 @@ from .cache import (
 )
 from .capture import AutotuneInputs, active_inputs
 from .check import torch_dtype
-from .compile import load_prim, tl_compile
+from .compile import build, load_prim
 from .config import (
     as_reasons,
     config_index,
     config_label,
     kernel_name,
-    merge_pass_configs,
     normalize_configs,
     same_config,
     split_config,
@@ -513,10 +512,8 @@ class AutoTuner:
         checked and timed, :func:`.compile.load_prim`); without one, the user's factory elaborates it here."""
         func = load_prim(prim)
         if func is None:
-            func = self._elaborate(config)
-        base = self.compile_settings.pass_config_dict
-        digest = prim_hash(func)  # before the compile, which may rename func's variables (tl_compile)
-        return tl_compile(func, target.spec, merge_pass_configs(base, split_config(config)[1])), digest
+            func = self._elaborate(config)  # here, bounded by compile_timeout, rather than inside build()
+        return build(self.fn, config, target.spec, self.compile_settings.pass_config_dict, prim=func)
 
     def _elaborate(self, config: dict[str, Any]) -> Any:
         """``config``'s PrimFunc, elaborated here by the user's factory, bounded by ``compile_timeout``."""
