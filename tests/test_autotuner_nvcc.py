@@ -60,10 +60,14 @@ def test_a_compile_leaves_the_primfunc_it_was_given_as_elaborated():
     n = 1001 + 2 * random.randrange(2000)
     fn = functools.partial(gemv, 3, n, 4102, path="mma", tma=False)
     config = dict(block_N=64, block_K=128, thread_num=128, num_stages=2)
+    neighbour = dict(block_N=16, block_K=256, thread_num=64, num_stages=4)  # another tile, warp count, depth
     fresh = prim_hash(fn(**config))
-    (outcome,) = compile_all(fn, [config], [0], HOPPER, timeout=600, n_jobs=1)
-    assert outcome.status == "ok", outcome.error
-    assert prim_hash(load_prim(outcome.prim)) == fresh
+    outcomes = sorted(compile_all(fn, [config, neighbour], [0, 1], HOPPER, timeout=600, n_jobs=1),
+                      key=lambda o: o.index)
+    for o, c in zip(outcomes, (config, neighbour)):
+        assert o.status == "ok", o.error
+        assert prim_hash(load_prim(o.prim)) == prim_hash(fn(**c))
+    assert prim_hash(load_prim(outcomes[0].prim)) == fresh
 
     func = gemv(3, n, 4104, 64, 128, 128, path="mma", num_stages=2, tma=False)
     before = prim_hash(func)
