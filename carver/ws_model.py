@@ -14,9 +14,15 @@ same model with four terms changed, each by a constant of :class:`WSConstants`:
   ``cluster_sync_us`` per iteration;
 * **the epilogue** (persistent): the producer loads the next tile while the consumers store this one, so
   ``persistent_overlap`` of every wave's fill and epilogue but the first is hidden;
-* **tall tiles**: with ``block_M > 128`` the two consumer warpgroups split the tile along M and the ws loop
-  measures ``tall_tile_loss`` slower than its model (cause not isolated; 128x128 with one warpgroup and
-  128x256 split along N are not affected).
+* **tall tiles**: with ``block_M > 128`` the ws loop measured ``tall_tile_loss`` slower than its model.
+  Those 256x128 tiles were all measured with TileLang's square warp split, which deals each of the two
+  consumer warpgroups half the *columns* (m64n64 wgmma reading A twice; 2026-11-23, sm_90a source).
+  ``templates.matmul.space.ws_variants_for`` now gives them ``warp_policy="full_row"`` (each warpgroup
+  128 whole rows, m64n128), measured 1.05-1.11x faster than the square form and still 0.91-0.97x of the
+  pipelined twin (``benchmarks/data/warp-split-2026-11-23-*``), where 128x256 measured 0.94-0.99x. So most
+  of the constant was the split; it is NOT refit on full_row pairs (no pair table of that form exists in
+  the calibration format), and it keeps 256-row ws forms out of the candidates, which the measurements
+  support.
 
 CALIBRATED for the Hopper family by ``python -m carver.calibrate_ws
 benchmarks/data/hopper-ws-2026-11-22-h200/hopper_ws.json``: least squares on log(gain) over 42 ws/twin

@@ -235,8 +235,8 @@ def test_row_tile_hedge_measures_the_other_tile_height_at_few_rows():
 
 
 def test_hopper_variants():
-    """full_row only for blocks wider than tall; persistent only past one wave and for short K, with
-    stages cut until C's tile fits beside them."""
+    """full_row wherever every consumer warpgroup can take whole rows (wide, square and tall blocks);
+    persistent only past one wave and for short K, with stages cut until C's tile fits beside them."""
     tall = dict(BEST, block_M=256, block_N=128)
     four = dict(BEST, num_stages=4)
     smem = 227 * 1024
@@ -246,10 +246,17 @@ def test_hopper_variants():
         dict(four, warp_policy="full_row"),
         dict(four, num_stages=3, warp_policy="full_row", persistent=132),
         dict(tall, persistent=132),
+        dict(tall, warp_policy="full_row"),  # square gives each warpgroup 64 of the 128 columns (m64n64)
+        dict(tall, warp_policy="full_row", persistent=132),
     ]
+    square = dict(BEST, block_N=128)
+    assert mm.hopper_variants([square], 8192, 8192, 8192, 132, smem) == [dict(square, warp_policy="full_row")]
+    # 192 rows cannot be dealt to 8 warps of 16 rows each (one warpgroup would own a partial m64 block)
+    assert mm.hopper_variants([dict(square, block_M=192)], 8192, 8192, 8192, 132, smem) == []
     assert all(mm.separate_c_smem_bytes(c, "float16", "float16") <= smem for c in short_k if c.get("persistent"))
     long_k = mm.hopper_variants([four, tall], 8192, 8192, 8192, 132, smem)
-    assert long_k == [dict(four, warp_policy="full_row")]  # persistent measured slower at K >= 4096
+    # persistent measured slower at K >= 4096
+    assert long_k == [dict(four, warp_policy="full_row"), dict(tall, warp_policy="full_row")]
     assert mm.hopper_variants([four], 256, 512, 512, 132, smem) == [dict(four, warp_policy="full_row")]  # 4 tiles
     assert mm.hopper_variants([dict(four, split_k=2), dict(SMALL_M, thread_num=256)], 8192, 8192, 512, 132,
                               smem) == [dict(SMALL_M, thread_num=256, persistent=132)]  # 64 rows, 2 groups: no full_row

@@ -48,6 +48,10 @@ CASES["NT-fp16-odd-persistent-full_row"] = (4000, 4097, 1000, WIDE, dict(persist
 CASES["TT-bf16-odd-persistent"] = (1000, 1000, 4097, MID, dict(persistent=13, trans_A=True, in_dtype="bfloat16",
                                                                out_dtype="bfloat16"))
 CASES["NN-fp16-full_row"] = (1024, 2048, 512, WIDE, dict(warp_policy="full_row", trans_B=False))
+# full_row on tiles as tall as wide or taller: each warpgroup owns whole rows (square deals it columns)
+CASES["TN-bf16-odd-tall-full_row"] = (4000, 4097, 1000, dict(WIDE, block_M=256, block_N=128), dict(
+    warp_policy="full_row", trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
+CASES["TT-fp16-odd-square-full_row"] = (4000, 4097, 1000, MID, dict(warp_policy="full_row", trans_A=True))
 if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["NT-fp8"] = (2048, 2048, 1024, MID, dict(in_dtype="float8_e4m3", out_dtype="float16"))
     # The hand-scheduled loop (variant="ws", Hopper only). TMA needs 16-byte row strides for A and B, so
@@ -65,6 +69,8 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
         in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-TT-fp16-persistent"] = (1000, 2000, 4000, dict(WS, persistent=13, warp_policy="full_row"),
                                       dict(trans_A=True))
+    CASES["ws-NN-bf16-tall-full_row-odd"] = (1000, 2000, 1000, dict(WS, block_M=256, block_N=128), dict(
+        warp_policy="full_row", trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
                                                                         variant="ws"),
                                                    dict(trans_B=False, out_dtype="float32"))

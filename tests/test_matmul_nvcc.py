@@ -37,6 +37,9 @@ CASES = {
     "NT-fp16-persistent-full_row": (8192, 8192, 512, BIG, dict(persistent=132, warp_policy="full_row")),
     "TN-bf16-odd-persistent": (4000, 4097, 1000, MID, dict(persistent=132, trans_A=True, trans_B=False,
                                                            in_dtype="bfloat16", out_dtype="bfloat16")),
+    # a tall tile dealt by rows: each warpgroup 128 rows of all 128 columns (square: m64n64 on half of them)
+    "NT-fp16-tall-full_row": (4096, 4096, 4096, dict(BIG, block_M=256, block_N=128), dict(warp_policy="full_row")),
+    "NT-fp16-square-tile-full_row-odd": (4000, 4097, 4096, MID, dict(warp_policy="full_row")),
 }
 
 
@@ -73,6 +76,7 @@ def test_compiles_for_sm90a(name, sm90a):
     n_inst = cfg["block_N"] if kw.get("warp_policy") == "full_row" else None
     if n_inst:  # each warpgroup owns whole rows: one m64nN wgmma per k-step
         assert f"kFloat32, 64, {n_inst}, 16" in src, f"{name}: no m64n{n_inst} wgmma"
+        assert f"kFloat32, 64, {n_inst // 2}, 16" not in src, f"{name}: a warpgroup takes half the columns"
     if kw.get("persistent"):  # the producer warpgroup carries its pipeline phase across tiles
         assert "for (int w = 0;" in src and "producer_phase_cnt" in src
 

@@ -206,9 +206,13 @@ def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
     """What the grid cannot express, tried on the top ``top`` configs: the other warp split and the
     persistent kernel.
 
-    * ``warp_policy="full_row"`` when a block wider than tall has several consumer warpgroups: each takes
-      whole rows (one m64n256 wgmma instead of two m64n128), which reads less shared memory per FLOP.
-      For blocks at least as tall as wide TileLang's "square" split is already row-wise.
+    * ``warp_policy="full_row"`` when a block has several consumer warpgroups and rows enough for each to
+      take whole rows: one wgmma as wide as the block per 64 rows, where TileLang's "square" split gives
+      each warpgroup a share of the *columns* (128x256: two m64n128; 128x128 and 256x128: m64n64), which
+      reads A again for every column share. Measured side by side (H200 and H100, 2026-11-23,
+      ``benchmarks/warp_split.py``, ``benchmarks/data/warp-split-2026-11-23-*``), full_row over square:
+      0.97-1.17x (median 1.01) for 128x128 and 256x128 tiles, 0.96-1.04x (median 0.99-1.02) for 128x256;
+      the ws loop 1.04-1.12x on 128x128 and 256x128. The tuner measures both.
     * ``persistent=num_sms`` when there is more than one wave of tiles and K is short (at most
       ``persistent_max_k_iters`` K tiles): resident CTAs walk the tiles, and the producer loads the next
       tile while the consumers store this one. Stages are cut until the C tile fits beside them, but not
@@ -228,7 +232,7 @@ def hopper_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
             continue
         groups = cfg.thread_num // 128 if cfg.thread_num % 128 == 0 else 0
         policies = ["square"]
-        if groups > 1 and cfg.block_N > cfg.block_M and cfg.block_M % (groups * 64) == 0:
+        if groups > 1 and cfg.block_M % (groups * 64) == 0:
             policies.append("full_row")
         for policy in policies:
             base = cfg if policy == "square" else dataclasses.replace(cfg, warp_policy=policy)
@@ -250,8 +254,9 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     (multicast of the larger operand tile) and persistent forms where each is predicted ``min_gain``
     faster than the config and no slower than the plain ws form. Each keeps its base's tile; stages are
     cut until C's staging tile fits beside the ring (not below 2); blocks wider than tall with two
-    consumer warpgroups take ``warp_policy="full_row"`` (one m64n256 wgmma per warpgroup, as measured
-    best for 128x256). Ordered by the term's predicted latency, best first. Configs whose tiles fill less
+    consumer warpgroups take ``warp_policy="full_row"`` where their rows allow (one wgmma as wide as the
+    tile per 64 rows; the square split measured 4-12% slower in this loop, ``benchmarks/warp_split.py``).
+    Ordered by the term's predicted latency, best first. Configs whose tiles fill less
     than one wave of SMs get none: there split-K is the lever (:func:`split_k_variants`), and a faster
     loop on a grid that leaves SMs idle is not worth a trial. The ws constants are fitted on 4 H200
     shapes (``carver/ws_model.py``): these are proposals for the autotuner, and on those shapes no
@@ -272,8 +277,7 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
         if (cfg.split_k, cfg.persistent, cfg.variant) != (1, 0, "pipelined") or _tiles(problem, cfg) < arch.sm_count:
             continue
         groups = cfg.thread_num // 128 if cfg.thread_num % 128 == 0 else 0
-        policy = "full_row" if groups == 2 and cfg.block_N > cfg.block_M and cfg.block_M % 128 == 0 \
-            else cfg.warp_policy
+        policy = "full_row" if groups == 2 and cfg.block_M % 128 == 0 else cfg.warp_policy
         plain = dataclasses.replace(cfg, variant="ws", num_stages=max(2, cfg.num_stages), warp_policy=policy)
         while plain.num_stages > 2 and ws_smem_bytes(problem, plain.kernel_kwargs()) > arch.smem_per_block:
             plain = dataclasses.replace(plain, num_stages=plain.num_stages - 1)
