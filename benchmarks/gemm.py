@@ -634,6 +634,8 @@ def _cfg_label(cfg: dict[str, Any] | None) -> str:
         s += f" persistent{cfg['persistent']}"
     if cfg.get("variant", "pipelined") != "pipelined":
         s += f" {cfg['variant']}" + (f" cluster{cfg['cluster']}" if cfg.get("cluster", "1x1") != "1x1" else "")
+    if (cfg.get("pass_configs") or {}).get("tl.enable_aggressive_shared_memory_merge"):
+        s += " C-on-ring"  # carver.validity.C_ON_RING (this module imports nothing of the project's at load)
     return s
 
 

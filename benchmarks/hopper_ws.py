@@ -14,9 +14,9 @@ allowed, a kernel that hangs (a barrier protocol bug) killed after ``--run-timeo
    their grid) in all four layouts, on 4001x4097x1000 (C rows unaligned, tails everywhere) and fp8;
 2. **speed**, per shape (fp16, NT): TileLang's own loop (the carver's top-4 and its Hopper variants), the
    ws configs (an exploratory set plus what the carver's ws term proposes) and each ws config's
-   pipelined twin; then cuBLAS, the best ws and the best pipelined config again in this process, in
-   interleaved rounds (``benchmarks/gemm.py``'s ``measure``), with a 4-stage 128x256 ws kernel whose C
-   tile reuses the ring (a pass config only; what the rule table's C-beside-the-ring costs).
+   pipelined twin; then every config that passed and cuBLAS in interleaved rounds (``benchmarks/gemm.py``'s
+   ``measure``), from whose medians come the pairs, the best ws and pipelined configs, the best ws config
+   with C's tile on the ring (``carver.validity.C_ON_RING``) and the best of the tuner's own candidates.
 
 Writes ``hopper_ws.json`` (every trial, after every step) and ``hopper_ws.md`` under ``--out``; the
 calibration table pairs each ws config with its twin: measured gain vs the carver's predicted gain.
@@ -35,8 +35,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+import gemm  # noqa: E402
 from benchlib import T0, dump, log  # noqa: E402
 from gemm import _cfg_label, _cuda_up, _environment, _error, _shape, measure  # noqa: E402
+
+from carver.validity import C_ON_RING  # noqa: E402
 
 WIDE = dict(block_M=128, block_N=256, block_K=64, num_stages=3, thread_num=256, enable_rasterization=True,
             variant="ws")
@@ -46,21 +49,24 @@ EXPLORE = [
     dict(WIDE, warp_policy="full_row", cluster="2x1"),   # multicast B (256 rows)
     dict(WIDE, warp_policy="full_row", cluster="1x2"),   # multicast A (128 rows)
     dict(WIDE, warp_policy="full_row", persistent=-1),   # -1: the GPU's SM count
-    dict(WIDE, block_M=256, block_N=128),
-    dict(WIDE, block_M=256, block_N=128, cluster="1x2"),  # multicast A (256 rows)
+    dict(WIDE, block_M=256, block_N=128, warp_policy="full_row"),  # square deals it columns (warp_split.py)
+    dict(WIDE, block_M=256, block_N=128, warp_policy="full_row", cluster="1x2"),  # multicast A (256 rows)
     dict(WIDE, block_K=32, num_stages=6, warp_policy="full_row"),
     dict(WIDE, block_N=192, num_stages=4, warp_policy="full_row"),
     dict(WIDE, block_N=128, thread_num=128, num_stages=6),  # one consumer warpgroup
+    dict(WIDE, warp_policy="full_row", num_stages=4, pass_configs={C_ON_RING: True}),  # C's tile on the ring
+    dict(WIDE, warp_policy="full_row", num_stages=4, pass_configs={C_ON_RING: True}, cluster="2x1"),
 ]
 ODD, UNALIGNED = (600, 2800, 1000), (4001, 4097, 1000)
 #: (name, shape, dtype, trans_A, trans_B, configs) of the correctness phase.
 CHECKS = [
     ("NT-fp16", ODD, "float16", False, True,
-     [WIDE, *EXPLORE[:3], dict(WIDE, persistent=13), EXPLORE[4], EXPLORE[8]]),
-    ("NN-bf16", ODD, "bfloat16", False, False, [WIDE, EXPLORE[1], EXPLORE[2], dict(WIDE, persistent=13)]),
+     [WIDE, *EXPLORE[:3], dict(WIDE, persistent=13), EXPLORE[4], EXPLORE[8], EXPLORE[9], EXPLORE[10]]),
+    ("NN-bf16", ODD, "bfloat16", False, False, [WIDE, EXPLORE[1], EXPLORE[2], dict(WIDE, persistent=13), EXPLORE[9]]),
     ("TN-fp16", ODD, "float16", True, False, [WIDE, EXPLORE[1], EXPLORE[2], dict(WIDE, persistent=13)]),
     ("TT-bf16", ODD, "bfloat16", True, True, [WIDE, EXPLORE[1], EXPLORE[2], dict(WIDE, persistent=13)]),
-    ("NT-bf16-C-unaligned", UNALIGNED, "bfloat16", False, True, [EXPLORE[0], EXPLORE[1], dict(WIDE, persistent=7)]),
+    ("NT-bf16-C-unaligned", UNALIGNED, "bfloat16", False, True, [EXPLORE[0], EXPLORE[1], dict(WIDE, persistent=7),
+                                                                  EXPLORE[9]]),
     ("NT-fp8", (2048, 2048, 1024), "float8_e4m3", False, True, [  # with TileLang's loop as the control
         dict(WIDE, block_K=128), dict(WIDE, block_K=128, cluster="1x2"), dict(WIDE, block_K=128, variant="pipelined")]),
 ]
@@ -128,7 +134,7 @@ def speed_configs(M: int, N: int, K: int, arch: Any) -> tuple[list[dict[str, Any
     configs = [c for c in configs if not mm.check(problem, c, arch)]
     twins: dict[str, dict[str, Any]] = {}
     for c in [c for c in configs if c.variant == "ws"]:
-        twin = dataclasses.replace(c, variant="pipelined", cluster="1x1")
+        twin = dataclasses.replace(c, variant="pipelined", cluster="1x1", pass_configs=())
         if not mm.check(problem, twin, arch):
             twins[_cfg_label(c.to_dict())] = twin.to_dict()
             if twin not in configs:
@@ -138,10 +144,12 @@ def speed_configs(M: int, N: int, K: int, arch: Any) -> tuple[list[dict[str, Any
 
 def calibration(M: int, N: int, K: int, arch: Any, rows: list[dict[str, Any]],
                 twins: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each ws config against its twin, as the autotuner timed them, next to the carver's predicted gain."""
+    """Each ws config against its twin (``ms`` of ``rows``: the interleaved medians), next to the carver's
+    predicted gain."""
     from carver.problem import MatmulProblem
     from carver.validity import normalize_config
     from carver.ws_model import ws_gain
+    from templates.matmul.config import kernel_part
 
     ok = {r["label"]: r for r in rows if r["ms"] is not None}
     out = []
@@ -149,31 +157,11 @@ def calibration(M: int, N: int, K: int, arch: Any, rows: list[dict[str, Any]],
         w, p = ok.get(label), ok.get(_cfg_label(twin))
         pred = None
         if w:
-            pred = ws_gain(MatmulProblem(M, N, K), arch, normalize_config(twin, kernel_keys=True)[0],
-                           normalize_config(w["config"], kernel_keys=True)[0])
+            pred = ws_gain(MatmulProblem(M, N, K), arch, normalize_config(kernel_part(twin), kernel_keys=True)[0],
+                           normalize_config(kernel_part(w["config"]), kernel_keys=True)[0])
         out.append(dict(ws=label, twin=_cfg_label(twin), ws_ms=w and w["ms"], twin_ms=p and p["ms"],
                         measured_gain=p["ms"] / w["ms"] if w and p else None, predicted_gain=pred))
     return out
-
-
-#: What the C tile beside the ring costs: 128x256x64 full_row ws with 4 stages, which fits only when C's
-#: staging tile reuses the ring. A program cannot ask for that; this pass config can (docs/hopper-ws.md).
-MERGED = dict(WIDE, warp_policy="full_row", num_stages=4)
-MERGE_PASS = {"tl.enable_aggressive_shared_memory_merge": True}
-
-
-def merged_ring_kernel(M: int, N: int, K: int) -> Any:
-    """:data:`MERGED` compiled with :data:`MERGE_PASS` (outside the rule table, which counts C beside the
-    ring and refuses it), or the error text."""
-    import tilelang
-
-    from templates import matmul as mm
-
-    try:
-        func = mm.MATMUL.program(mm.make_problem(M, N, K, "float16"), mm.MatmulConfig(**MERGED))
-        return tilelang.compile(func, out_idx=[-1], target="cuda", pass_configs=MERGE_PASS)
-    except Exception as e:  # noqa: BLE001 - reported in the row
-        return _error(e)
 
 
 def speed(args: argparse.Namespace, report: dict[str, Any], arch: Any) -> None:
@@ -189,17 +177,27 @@ def speed(args: argparse.Namespace, report: dict[str, Any], arch: Any) -> None:
             log(f"speed {M}x{N}x{K}: {len(configs)} configs ({sum(c.get('variant') == 'ws' for c in configs)} ws)")
             rows = run_tuner(M, N, K, "float16", False, True, configs, args)
             row["trials"] = rows
+            # every checked config and cuBLAS in interleaved rounds: the autotuner's burst timings, one config
+            # after another, drift with the GPU's clock by more than the gains measured here (2-5%)
+            kernels = {r["label"]: mm.compile(M, N, K, r["config"], dtype="float16")
+                       for r in rows if r["ms"] is not None}
+            log(f"    {len(kernels)} checked configs and cuBLAS, interleaved")
+            versus = measure(dict(M=M, N=N, K=K, dtype="float16"), kernels)
+            for r in rows:
+                r["burst_ms"], r["ms"] = r["ms"], versus.get(f"{r['label']}_ms")
             row["calibration"] = calibration(M, N, K, arch, rows, twins)
-            best = {v: min((r for r in rows if r["ms"] is not None and r["config"].get("variant", "pipelined") == v),
-                           key=lambda r: r["ms"], default=None) for v in ("ws", "pipelined")}
+            # the best ws and pipelined configs, the tuner's pick among its own candidates, the best ws config
+            # with C's tile on the ring
+            cands = {_cfg_label(c.to_dict()) for c in mm.candidates(mm.make_problem(M, N, K, "float16"), arch, 4)}
+            groups = {v: [r for r in rows if r["config"].get("variant", "pipelined") == v] for v in ("ws", "pipelined")}
+            groups.update(tuned=[r for r in rows if r["label"] in cands],
+                          ring=[r for r in rows if r["label"].endswith("C-on-ring")])
+            best = {name: min((r for r in kept if r["ms"] is not None), key=lambda r: r["ms"], default=None)
+                    for name, kept in groups.items()}
             row["best"] = {v: b and b["label"] for v, b in best.items()}
-            kernels = {v: mm.compile(M, N, K, b["config"], dtype="float16") for v, b in best.items() if b}
-            merged = merged_ring_kernel(M, N, K)
-            if isinstance(merged, str):
-                row["merged_error"] = merged
-            else:
-                kernels["merged"] = merged
-            row.update(measure(dict(M=M, N=N, K=K, dtype="float16"), kernels))
+            row.update(cublas_ms=versus.get("cublas_ms"), cublas_round_ms=versus.get("cublas_round_ms"),
+                       **{f"{v}_ms": b["ms"] for v, b in best.items() if b},
+                       **{f"{v}_err": versus.get(f"{b['label']}_err") for v, b in best.items() if b})
         except Exception as e:  # noqa: BLE001 - one failed shape is a row, not the end of the run
             row["error"] = _error(e)
         report["speed"].append(row)
@@ -214,9 +212,9 @@ def speed(args: argparse.Namespace, report: dict[str, Any], arch: Any) -> None:
                 log(f"    best {v:9s} {row['best'][v]}: {c / row[f'{v}_ms']:.3f}x cuBLAS")
         if row.get("ws_ms") and row.get("pipelined_ms"):
             log(f"    ws / pipelined: {row['pipelined_ms'] / row['ws_ms']:.3f}x")
-        if row.get("merged_ms"):
-            log(f"    {_cfg_label(MERGED)} with C on the ring: {c / row['merged_ms']:.3f}x cuBLAS, max err "
-                f"{row.get('merged_err')}")
+        for v in ("tuned", "ring"):
+            if row.get(f"{v}_ms"):
+                log(f"    {v} {row['best'][v]}: {c / row[f'{v}_ms']:.3f}x cuBLAS, max err {row.get(f'{v}_err')}")
         for p in row["calibration"]:
             g = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
             log(f"    gain {p['ws']}: measured {g(p['measured_gain'])}, predicted {g(p['predicted_gain'])}")
@@ -236,16 +234,17 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| {case['case']} | {shape} | {r['label']} | {r['status']} | {(r['error'] or '')[:120]} |")
     lines += ["", "## Speed (fp16, NT; ratios > 1: faster than the denominator)", "",
               "| shape | cuBLAS TFLOP/s | best ws | ws / cuBLAS | best pipelined | pipelined / cuBLAS | "
-              "ws / pipelined | s4, C on the ring / cuBLAS |",
-              "|---|---|---|---|---|---|---|---|"]
+              "ws / pipelined | best C on the ring | / cuBLAS | the tuner's pick | / cuBLAS |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["speed"]:
         c, w, p = r.get("cublas_ms"), r.get("ws_ms"), r.get("pipelined_ms")
         f = lambda x, y: f"{x / y:.3f}" if x and y else "-"  # noqa: E731
         tf = f"{2 * r['M'] * r['N'] * r['K'] / c / 1e9:.0f}" if c else r.get("skipped") or "error"
         best = r.get("best", {})
         lines.append(f"| {r['M']}x{r['N']}x{r['K']} | {tf} | {best.get('ws')} | {f(c, w)} | {best.get('pipelined')} | "
-                     f"{f(c, p)} | {f(p, w)} | {f(c, r.get('merged_ms'))} |")
-    lines += ["", "## Calibration pairs (the autotuner's burst timings; gain = twin ms / ws ms)", "",
+                     f"{f(c, p)} | {f(p, w)} | {best.get('ring')} | {f(c, r.get('ring_ms'))} | {best.get('tuned')} | "
+                     f"{f(c, r.get('tuned_ms'))} |")
+    lines += ["", "## Calibration pairs (interleaved rounds; gain = twin ms / ws ms)", "",
               "| shape | ws config | ws ms | twin ms | measured gain | predicted gain |", "|---|---|---|---|---|---|"]
     for r in report["speed"]:
         for p in r.get("calibration", []):
@@ -281,9 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="speed on 4096^3 and 8192^3 only")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--rep", type=int, default=20, help="timed calls per config in the autotuner")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every config and cuBLAS")
     ap.add_argument("--run-timeout", type=float, default=60.0, help="seconds one config may run (hang guard)")
     ap.add_argument("--dry-run", metavar="GPU", help="no GPU: list and check every config for this GPU (e.g. H200)")
     args = ap.parse_args(argv)
+    gemm._ROUNDS = args.rounds
     if args.quick:
         args.shapes = args.shapes[:2]
     if args.dry_run:

@@ -50,6 +50,7 @@ __all__ = [
     "CLUSTERS",
     "VARIANTS",
     "WS_PRODUCER_THREADS",
+    "C_ON_RING",
     "check_matmul_config",
     "cluster_shape",
     "explain_no_legal_config",
@@ -517,31 +518,46 @@ def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -
     return out
 
 
-def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any]) -> int:
+#: The TileLang pass config (a config's ``pass_configs``) under which its shared-memory planner aliases
+#: buffers whose uses do not overlap: the ws program's C staging tile then reuses the ring of stages, which
+#: the main loop has finished with when C is written. Not with ``persistent``, whose producer loads the next
+#: tile into the ring while the consumers store this one.
+C_ON_RING = "tl.enable_aggressive_shared_memory_merge"
+
+
+def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any], c_on_ring: bool = False) -> int:
     """Shared memory of the ws variant: the ring of A/B stages, C's staging tile beside it (the epilogue
-    runs inside the consumer branch, where TileLang cannot alias it onto the ring), and the barriers."""
+    runs inside the consumer branch, where TileLang's default planner does not alias it onto the ring) or,
+    with ``c_on_ring`` (:data:`C_ON_RING` set), within it, and the barriers."""
     stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
-    c_tile = cfg["block_M"] * cfg["block_N"] * problem.out_bytes
-    return _ceil_div(cfg["num_stages"] * stage, 1024) * 1024 + _ceil_div(c_tile, 1024) * 1024 + 1024
+    ring = _ceil_div(cfg["num_stages"] * stage, 1024) * 1024
+    c_tile = _ceil_div(cfg["block_M"] * cfg["block_N"] * problem.out_bytes, 1024) * 1024
+    return (max(ring, c_tile) if c_on_ring else ring + c_tile) + 1024
 
 
-def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping[str, Any]) -> list[str]:
+def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping[str, Any],
+                             c_on_ring: bool = False) -> list[str]:
     """The kernel-only keys' rules on one GPU (``cfg`` normalised, with every key): the ws variant needs
-    Hopper's wgmma, TMA and setmaxnreg, and its ring plus C tile must fit the GPU's shared memory."""
+    Hopper's wgmma, TMA and setmaxnreg, and its ring plus C tile (C within the ring with ``c_on_ring``)
+    must fit the GPU's shared memory."""
     if cfg["variant"] != "ws":
         return []
     if not (arch.has_wgmma and arch.has_tma):
         return [f"variant='ws' needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg"
                 f"{', clusters' if cfg['cluster'] != '1x1' else ''}); {arch.name} is sm_"
                 f"{arch.compute_capability[0]}{arch.compute_capability[1]}; use variant='pipelined'"]
-    need = ws_smem_bytes(problem, cfg)
+    need = ws_smem_bytes(problem, cfg, c_on_ring)
     if need > arch.smem_per_block:
         stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
-        fit = (arch.smem_per_block - (need - _ceil_div(cfg["num_stages"] * stage, 1024) * 1024)) // stage
+        beside = 0 if c_on_ring else need - 1024 - _ceil_div(cfg["num_stages"] * stage, 1024) * 1024
+        fit = (arch.smem_per_block - 1024 - beside) // stage
         fix = f"use num_stages <= {fit}" if fit >= 2 else "use a smaller block_K or tile"
+        if not c_on_ring and not cfg["persistent"] and ws_smem_bytes(problem, cfg, True) <= arch.smem_per_block:
+            fix += f", or pass_configs={{{C_ON_RING!r}: True}} to put C's tile on the ring"
+        where = "within the ring" if c_on_ring else "beside the ring of stages"
         return [f"variant='ws' {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
-                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile sits beside the ring of "
-                f"stages), over {arch.name}'s {arch.smem_per_block} per block; {fix}"]
+                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile {where}), over "
+                f"{arch.name}'s {arch.smem_per_block} per block; {fix}"]
     return []
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from carver.validity import C_ON_RING
 from templates import matmul as mm
 
 pytestmark = pytest.mark.gpu
@@ -69,6 +70,13 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
         in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-TT-fp16-persistent"] = (1000, 2000, 4000, dict(WS, persistent=13, warp_policy="full_row"),
                                       dict(trans_A=True))
+    # C's staging tile on the ring (the aggressive shared-memory merge), one stage more than fits beside it
+    RING = dict(pass_configs={C_ON_RING: True})
+    CASES["ws-NT-fp16-ring-s4-odd"] = (1000, 2000, 1000, dict(WS, num_stages=4, warp_policy="full_row"), RING)
+    CASES["ws-TN-bf16-ring-s4-cluster2x1-padded"] = (600, 2800, 1000, dict(WS, num_stages=4, cluster="2x1",
+                                                                           warp_policy="full_row"), dict(
+        RING, trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
+    CASES["ws-NT-fp16-ring-s4-C-unaligned"] = (4001, 4097, 1000, dict(WS, num_stages=4), RING)
     CASES["ws-NN-bf16-tall-full_row-odd"] = (1000, 2000, 1000, dict(WS, block_M=256, block_N=128), dict(
         warp_policy="full_row", trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
@@ -106,8 +114,10 @@ def compiled():
 
     def build(name):
         M, N, K, cfg, kw = CASES[name]
+        kw = dict(kw)
+        pass_configs = kw.pop("pass_configs", None)  # for the compiler, not the kernel
         try:
-            return name, tilelang.compile(mm.kernel(M, N, K, **cfg, **kw), target="cuda")
+            return name, tilelang.compile(mm.kernel(M, N, K, **cfg, **kw), target="cuda", pass_configs=pass_configs)
         except Exception as e:  # noqa: BLE001 - reported by the test of that case, not the fixture
             return name, e
 

@@ -12,7 +12,7 @@ import pytest
 from carver.arch import CUDA
 from carver.calibrate_ws import NOISE, load_pairs, predicted, sign_agreement
 from carver.problem import MatmulProblem
-from carver.validity import kernel_key_arch_problems, normalize_config, ws_smem_bytes
+from carver.validity import C_ON_RING, kernel_key_arch_problems, normalize_config, ws_smem_bytes
 from carver.ws_model import WS_CONSTANTS, WSConstants, predict_ws_us, ws_gain
 from templates import matmul as mm
 from templates.matmul.space import ws_variants_for
@@ -66,7 +66,18 @@ def test_ws_is_hopper_only_and_its_c_tile_counts_against_shared_memory():
     four = dict(cfg, num_stages=4)
     assert ws_smem_bytes(p, four) > H100.smem_per_block >= ws_smem_bytes(p, cfg)
     (msg,) = kernel_key_arch_problems(p, H100, four)
-    assert "needs 263168 bytes" in msg and "use num_stages <= 3" in msg
+    assert "needs 263168 bytes" in msg and "use num_stages <= 3" in msg and C_ON_RING in msg
+    # with C's tile on the ring (the aggressive shared-memory merge) the ring alone counts: 4 stages fit, 5 not
+    assert ws_smem_bytes(p, four, c_on_ring=True) == 4 * 48 * 1024 + 1024 <= H100.smem_per_block
+    assert kernel_key_arch_problems(p, H100, four, c_on_ring=True) == []
+    (msg,) = kernel_key_arch_problems(p, H100, dict(cfg, num_stages=5), c_on_ring=True)
+    assert "within the ring" in msg and "use num_stages <= 4" in msg and C_ON_RING not in msg
+    ring = {"pass_configs": {C_ON_RING: True}}
+    assert mm.check(p, mm.MatmulConfig(**{**WS, "num_stages": 4}, **ring), H100) == []
+    # never with persistent: its producer loads the next tile into the ring while the consumers store C
+    for arch in (H100, None):
+        (msg,) = mm.check(p, mm.MatmulConfig(**{**WS, "persistent": 132}, **ring), arch)
+        assert "race" in msg and "persistent=0" in msg
     # the template's check on a GPU sees the same rules; the grid program's pipelined twin has no C tile
     assert mm.check(p, mm.MatmulConfig(**WS), H100) == []
     assert any("263168" in m for m in mm.check(p, mm.MatmulConfig(**{**WS, "num_stages": 4}), H100))
@@ -167,16 +178,23 @@ def test_ws_variants_follow_the_model():
     hint = mm.MatmulConfig(**{k: v for k, v in WS.items() if k != "variant"})
     ws = dataclasses.replace(hint, variant="ws", warp_policy="full_row")
     # fitted (H200, used for the Hopper family): the plain form is predicted within the noise of its base
-    # (measured 0.97-1.08), the persistent one (epilogue overlapped) 4-5% faster: only it is proposed
-    assert ws_variants_for(p, [hint], H100) == [dataclasses.replace(ws, persistent=132)]
+    # (measured 0.97-1.08); one stage deeper (C's tile on the ring: 4 stages beside it do not fit) and
+    # the persistent form (epilogue overlapped) 4-5% faster: those two are proposed
+    deeper = dataclasses.replace(ws, num_stages=4, pass_configs={C_ON_RING: True})
+    assert ws_variants_for(p, [hint], H100) == [deeper, dataclasses.replace(ws, persistent=132)]
+    assert mm.check(p, deeper, H100) == []
     assert ws_gain(p, H100, hint.kernel_kwargs(), ws.kernel_kwargs()) < 1.03
     assert predict_ws_us(p, H100, dict(ws.kernel_kwargs(), persistent=132)) < predict_ws_us(p, H100, ws.kernel_kwargs())
     never = WSConstants(min_gain=10.0)
     assert ws_variants_for(p, [hint], H100, ws=never) == []
-    # 4 stages and the C tile do not fit: the variant keeps 3 (whether it is proposed is the model's call)
+    # 4 stages and the C tile do not fit: the plain variant keeps 3, the deeper one has 4 with C on the ring
+    # (whether each is proposed is the model's call)
     four, always = dataclasses.replace(hint, num_stages=4), WSConstants(min_gain=-1.0, cluster_sync_us=0.0)
-    assert {c.num_stages for c in ws_variants_for(p, [four], H100, ws=always)} == {3}
-    assert {c.cluster for c in ws_variants_for(p, [four], H100, ws=always)} == {"1x1", "2x1"}  # B is the wider
+    forms = ws_variants_for(p, [four], H100, ws=always)
+    assert {c.num_stages for c in forms} == {3, 4}
+    assert all((c.num_stages == 4) == (c.pass_configs == ((C_ON_RING, True),)) for c in forms)
+    assert {c.cluster for c in forms} == {"1x1", "2x1"}  # B is the wider
+    assert all(mm.check(p, c, H100) == [] for c in forms)
 
 
 # --------------------------------------------------------------------------------------------------

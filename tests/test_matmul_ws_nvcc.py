@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from carver.validity import ws_smem_bytes
+from carver.validity import C_ON_RING, ws_smem_bytes
 from templates import matmul as mm
 
 pytestmark = pytest.mark.nvcc
@@ -132,3 +132,23 @@ def test_ws_compiles_with_a_symbolic_m(extra, sm90a):
     k = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg), out_idx=[-1], target=sm90a)
     src = k.get_kernel_source()
     assert "int M" in src and src.count("wait_wgmma<1>") == 1
+
+
+@pytest.mark.parametrize("extra", [{}, {"cluster": "2x1"}])
+def test_c_on_the_ring_reaches_the_compiler_and_frees_a_stage(extra, sm90a):
+    """A config's C_ON_RING pass config goes through the family's compile (as the autotuner's and the op's
+    do): the C staging tile starts where the ring does, and the kernel asks for the ring alone (4 stages of
+    128x256x64, which beside C would need 263168 bytes)."""
+    import re
+
+    cfg = dict(WIDE, warp_policy="full_row", num_stages=4, pass_configs={C_ON_RING: True}, **extra)
+    problem = mm.make_problem(4096, 4096, 4096)
+    assert ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs()) == 263168
+    jit = mm.compile(4096, 4096, 4096, cfg, target="sm_90a")
+    src = jit.get_kernel_source()
+    offsets = dict(re.findall(r"void\* (\w+)_s = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)", src))
+    ring_start = min(int(offsets["A"]), int(offsets["B"]))
+    assert int(offsets["C"]) == ring_start, offsets
+    need = ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs(), c_on_ring=True)
+    assert f"(int64_t){need - 1024})" in jit.get_host_source()
+    assert src.count("wait_wgmma<1>") == 1

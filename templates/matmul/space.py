@@ -17,7 +17,7 @@ from typing import Any
 
 from carver.arch import GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
-from carver.validity import check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
+from carver.validity import C_ON_RING, check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
 from carver.ws_model import WS_CONSTANTS, WSConstants, predict_pipelined_us, predict_ws_us
 
 from .config import (
@@ -134,13 +134,15 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     else:  # a stand-in carver template: the rules that need only K and the dtype (M = N = 1)
         problem = MatmulProblem(1, 1, K, in_dtype)
     problems = check_matmul_config(problem, kernel_part(cfg), kernel_keys=True, arch_stand_ins=False)
+    problems += _pass_config_problems(cfg)
     if problems:
         return problems
     full = {**EXTRA_DEFAULTS, **cfg}
     problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS}))
     arch = getattr(tmpl, "arch", None)
     if isinstance(arch, GPUArch):  # the ws variant's own rules on this GPU (its C tile, Hopper only)
-        problems += kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY})
+        problems += kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY},
+                                             c_on_ring=_c_on_ring(cfg))
     separate_c = "" if full["variant"] == "ws" else "persistent" if full["persistent"] else (
         "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
     if separate_c:
@@ -154,11 +156,26 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     return problems
 
 
+def _c_on_ring(cfg: Mapping[str, Any]) -> bool:
+    return bool((cfg.get(PASS_CONFIGS_KEY) or {}).get(C_ON_RING))
+
+
+def _pass_config_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """The rules on a config's own pass configs: C's tile may share the ring only where nothing loads into
+    the ring while C is written (:data:`carver.validity.C_ON_RING`)."""
+    if _c_on_ring(cfg) and cfg.get("persistent"):
+        return [f"pass_configs {C_ON_RING!r} lets C's staging tile share the ring of A/B stages, which the "
+                f"persistent kernel (persistent={cfg['persistent']}) fills with the next tile while it stores "
+                f"this one: a race; leave the pass config out or use persistent=0"]
+    return []
+
+
 def check(problem: MatmulProblem, config: MatmulConfig, arch: GPUArch | None = None) -> list[str]:
     """Why ``config`` cannot run for ``problem`` (empty: legal), from the carver's rule table: on ``arch``
     with its own limits (:func:`validate`), or, with no arch, the rules no GPU escapes."""
     if arch is None:
-        return check_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
+        return (check_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
+                + _pass_config_problems(config.to_dict()))
     return validate(_carver_for(problem, arch), problem.K, problem.in_dtype, config.to_dict())
 
 
@@ -252,8 +269,10 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     """The hand-scheduled Hopper loop (``variant="ws"``) of the top ``top`` configs, where the carver's ws
     term (:mod:`carver.ws_model`) predicts it ``min_gain`` faster than the config itself; and the cluster
     (multicast of the larger operand tile) and persistent forms where each is predicted ``min_gain``
-    faster than the config and no slower than the plain ws form. Each keeps its base's tile; stages are
-    cut until C's staging tile fits beside the ring (not below 2); blocks wider than tall with two
+    faster than the config and no slower than the plain ws form; and the plain form with one stage more
+    (the batch in flight holds one), C's staging tile on the ring (:data:`carver.validity.C_ON_RING`)
+    where it does not fit beside it, under the same condition. Each keeps its base's tile; the plain
+    form's stages are cut until C's staging tile fits beside the ring (not below 2); blocks with two
     consumer warpgroups take ``warp_policy="full_row"`` where their rows allow (one wgmma as wide as the
     tile per 64 rows; the square split measured 4-12% slower in this loop, ``benchmarks/warp_split.py``).
     Ordered by the term's predicted latency, best first. Configs whose tiles fill less
@@ -292,6 +311,13 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
         more = [dataclasses.replace(plain, cluster=cluster)] if cluster else []
         if m_tiles * n_tiles > arch.sm_count:
             more.append(dataclasses.replace(plain, persistent=arch.sm_count))
+        # one stage more than the plain form: the batch in flight holds a stage that T.Pipelined has freed,
+        # so the ws loop needs it to keep as many loads in flight; C's tile goes on the ring if beside it
+        # that stage does not fit
+        deeper = dataclasses.replace(plain, num_stages=plain.num_stages + 1)
+        if ws_smem_bytes(problem, deeper.kernel_kwargs()) > arch.smem_per_block:
+            deeper = dataclasses.replace(deeper, pass_configs={C_ON_RING: True})
+        more.append(deeper)
         for c in more:
             if legal(c) and base_us / (us := ws_us(c)) >= max(1 + w.min_gain, gain):
                 wanted.append((us, c))
