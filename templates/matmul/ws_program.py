@@ -31,9 +31,13 @@ falls back to ``T.copy``'s predicated stores.
 
 The epilogue (C to shared memory, then to global) stays inside the consumer branch: outside it ptxas no
 longer credits the consumers' setmaxnreg budget and spills the accumulator (sm_90a, 128x256 tile: "840 bytes
-stack frame, 1380 bytes spill stores", "wgmma.mma_async instructions are serialized"). So C's staging tile
-cannot reuse the ring (TileLang's shared-memory planner sees both live in one branch) and sits beside it;
-``carver.validity.ws_smem_bytes`` counts it.
+stack frame, 1380 bytes spill stores", "wgmma.mma_async instructions are serialized"). So TileLang's default
+shared-memory planner, which sees both live in one branch, puts C's staging tile beside the ring;
+``carver.validity.ws_smem_bytes`` counts it. A config whose ``pass_configs`` turn on the aggressive merge
+(``carver.validity.C_ON_RING``) gets C on the ring instead, which the loop has finished with when C is
+written (the named barrier after ``T.wait_wgmma(0)`` orders it after both warpgroups' last wgmma, and every
+TMA load has landed before the last full barrier is passed); not with ``persistent``, whose producer is
+already loading the next tile.
 """
 
 # No `from __future__ import annotations`: TileLang reads the T.prim_func's annotations as expressions.
