@@ -77,6 +77,9 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
                                                                            warp_policy="full_row"), dict(
         RING, trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NT-fp16-ring-s4-C-unaligned"] = (4001, 4097, 1000, dict(WS, num_stages=4), RING)
+    CASES["ws-TN-fp16-ring-one-warpgroup-s7"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=7,
+                                                                       variant="ws"), dict(RING, trans_A=True,
+                                                                                           trans_B=False))
     CASES["ws-NN-bf16-tall-full_row-odd"] = (1000, 2000, 1000, dict(WS, block_M=256, block_N=128), dict(
         warp_policy="full_row", trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
