@@ -155,7 +155,7 @@ ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads"
 #: (``ws_program.py``: TMA producer, two consumer warpgroups overlapping the softmax with the GEMMs).
 ATTENTION_VARIANTS: tuple[str, ...] = ("pipelined", "ws")
 #: Keys a config may leave out, with the value that stands for them.
-ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined"}
+ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined", "persistent": 0}
 # key: (lowest, highest, multiple of, fix)
 _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
     "block_M": (16, 256, 16, "use 64 or 128 query rows per CTA"),
@@ -201,6 +201,8 @@ def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"variant must be one of {list(ATTENTION_VARIANTS)}, got {variant!r}; 'pipelined' is "
                          f"TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop")
     out["variant"] = variant
+    out["persistent"] = int_in_range(config.get("persistent", 0), "persistent", 0, 1 << 16,
+                                     fix="0: one CTA per tile; n: n resident CTAs (the SM count) that walk the tiles")
     return out
 
 
@@ -276,6 +278,9 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
                    f"threads={32 * fit} or block_M={16 * warps}")
     if c["variant"] == "ws":
         out += _ws_problems(c)
+    elif c["persistent"]:
+        out.append(f"persistent={c['persistent']} is a form of the hand-scheduled loop, got variant="
+                   f"{c['variant']!r}; use variant='ws' or persistent=0")
     if arch is None:
         return out
     if c["variant"] == "ws" and not (arch.has_wgmma and arch.has_tma):
@@ -337,6 +342,7 @@ class AttentionConstants:
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
     p: float                          # p-norm that blends the per-step limits
     ws_overlap: float = 0.49          # ws variant: share of min(tensor, softmax) its schedule hides (fitted)
+    persistent_tile_share: float = 0.35  # persistent ws: share of cta_fixed a CTA's later tiles still pay (guess)
 
     def replace(self, **changes: float) -> AttentionConstants:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -512,17 +518,26 @@ class AttentionTemplate:
 
         # CTAs over the SMs: exact waves without the mask; causal work spread over the slots plus a tail.
         nq, nk = -(-p.seq_len // bm), -(-p.seq_len // bn)
-        ctas = p.batch * p.heads * nq
+        ctas = p.batch * p.heads * nq  # tiles: one CTA each, or walked by `persistent` resident CTAs
         slots = arch.sm_count * occ
         cta_fixed = a.cta_overhead_us + k.load_latency_us + 2 * bm * D * b / k.sm_bandwidth
+        workers = min(c["persistent"], ctas) or ctas
+        # persistent: each CTA walks ceil(ctas / workers) tiles; its producer loads the next tile's Q, K and V
+        # while the consumers finish this one, so only the first tile pays cta_fixed whole
+        per_worker = -(-ctas // workers)
         if p.causal:
             per_head, longest = _causal_steps(nq, nk, bm, bn)
             total_steps = p.batch * p.heads * per_head
-            rounds = max(total_steps / slots + a.tail_fraction * longest, longest) if ctas > slots else longest
+            spread = min(slots, workers)
+            rounds = max(total_steps / spread + a.tail_fraction * longest, longest) if ctas > spread else longest
         else:
-            rounds = math.ceil(ctas / slots) * nk
+            rounds = math.ceil(workers / slots) * per_worker * nk
         waves = ctas / slots
-        body = rounds * step + math.ceil(waves) * cta_fixed
+        if c["persistent"]:
+            fixed = math.ceil(workers / slots) * cta_fixed * (1 + (per_worker - 1) * a.persistent_tile_share)
+        else:
+            fixed = math.ceil(waves) * cta_fixed
+        body = rounds * step + fixed
         dram = (p.operand_bytes / (arch.dram_bandwidth / 1e6 * k.dram_efficiency))
         total = (body ** a.p + dram ** a.p) ** (1.0 / a.p) + k.launch_us
         if not (math.isfinite(total) and total > 0):

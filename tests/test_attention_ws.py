@@ -3,7 +3,9 @@ model term offline, its structure compiled for sm_90a (nvcc, ~20 s a compile), i
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,8 +19,9 @@ from templates.attention.ws_program import TURN_BARRIERS
 LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
 
 
-def ws(bn: int = 128, stages: int = 2, bm: int = 128, threads: int = 256) -> AttentionConfig:
-    return AttentionConfig(block_M=bm, block_N=bn, num_stages=stages, threads=threads, variant="ws")
+def ws(bn: int = 128, stages: int = 2, bm: int = 128, threads: int = 256, persistent: int = 0) -> AttentionConfig:
+    return AttentionConfig(block_M=bm, block_N=bn, num_stages=stages, threads=threads, variant="ws",
+                           persistent=persistent)
 
 
 # -------------------------------------------------------------------------------- offline logic
@@ -60,15 +63,51 @@ def test_ws_space_and_candidates(shape):
     assert len(grid) == 4 and {c.block_N for c in grid} == {64, 128} and {c.variant for c in grid} == {"ws"}
     assert {c.num_stages for c in grid} == {2, 3}  # one stage: measured slower than its plain twin
     h100 = CUDA("H100")
+    # with a GPU, each config's persistent twin (one CTA per SM) where there is more than one wave of tiles
+    on_h100 = ws_space(p, h100)
+    assert on_h100[:4] == grid and on_h100[4:] == [dataclasses.replace(c, persistent=132) for c in grid]
     plain = ATTENTION.candidates(p, h100, 8, variants=False)
     both = ATTENTION.candidates(p, h100, 8)
-    legal = [c for c in grid if not ATTENTION.check(p, c, h100)]
+    legal = [c for c in on_h100 if not ATTENTION.check(p, c, h100)]
     assert both[:8] == plain and len(both) == 8 + min(WS_TOP, len(legal))
     assert all(c in legal for c in both[8:]) and len(set(both)) == len(both)
     tmpl = attention.carver_template(p, h100)
     extra = [tmpl.predict(c.kernel_kwargs()).latency_ms for c in both[8:]]
     assert extra == sorted(extra)  # the model's order
     assert ATTENTION.candidates(p, CUDA("A100-80GB"), 8) == ATTENTION.candidates(p, CUDA("A100-80GB"), 8, False)
+
+
+def test_persistent_is_a_ws_form_and_its_rules_name_the_fix():
+    p = AttentionProblem(**LLAMA)
+    c = ws(persistent=132)
+    assert c.to_dict()["persistent"] == 132 and AttentionConfig.from_dict(c.to_dict()) == c
+    assert "persistent" not in ws().to_dict() and ATTENTION.check(p, c, CUDA("H100")) == []
+    plain = AttentionConfig(block_M=128, block_N=128, num_stages=2, threads=256, persistent=132)
+    (why,) = ATTENTION.check(p, plain)
+    assert "persistent=132" in why and "variant='pipelined'" in why and "use variant='ws' or persistent=0" in why
+    for bad in (-1, 1.5, True):
+        (why,) = check_attention_config(p, {**ws().to_dict(), "persistent": bad})
+        assert why.startswith("persistent must be") and repr(bad) in why and "the SM count" in why
+    # the same shared memory as the one-tile form: 128-key tiles take no third stage (2 x 32 + 3 x 64 KB)
+    assert ATTENTION.check(p, ws(128, 3, persistent=132), CUDA("H100")) == ATTENTION.check(p, ws(128, 3),
+                                                                                           CUDA("H100")) != []
+    # one wave of tiles or less: no persistent twin (nothing to overlap)
+    small = AttentionProblem(batch=1, heads=8, seq_len=1024, dim=128)  # 64 tiles
+    assert all(not c.persistent for c in ws_space(small, CUDA("H100")))
+
+
+@pytest.mark.parametrize("seq_len, causal", [(1024, False), (1024, True), (16384, True)])
+def test_model_credits_persistence_with_the_tiles_per_cta(seq_len, causal):
+    """Persistent CTAs pay the per-tile fixed cost (Q load, launch) in full once: the fewer key steps a tile
+    has, the more that is worth; the tensor and softmax terms of a step do not change."""
+    tmpl = AttentionTemplate(AttentionProblem(batch=8 if seq_len == 1024 else 1, heads=32, seq_len=seq_len,
+                                              dim=128, kv_heads=8, causal=causal)).with_arch("H200")
+    one, walk = (tmpl.predict(ws(persistent=n).kernel_kwargs()) for n in (0, 132))
+    assert (walk.tensor_us, walk.softmax_us, walk.step_us) == (one.tensor_us, one.softmax_us, one.step_us)
+    gain = one.latency_ms / walk.latency_ms
+    assert (1.03 < gain < 1.25) if seq_len == 1024 else (1.0 < gain < 1.02), gain
+    # more resident CTAs than SMs: a second wave of workers, never better than one per SM
+    assert tmpl.predict(ws(persistent=264).kernel_kwargs()).latency_ms >= walk.latency_ms
 
 
 def test_model_credits_the_overlap_and_nothing_else():
@@ -109,6 +148,10 @@ NVCC_CASES = {
     "gqa-causal-d64-s777-bn64-3stages": (dict(batch=2, heads=8, seq_len=777, dim=64, kv_heads=2, causal=True),
                                          ws(64, 3)),
     "gqa-full-d128-s4096": (dict(batch=1, heads=32, seq_len=4096, dim=128, kv_heads=8), ws(128, 1)),
+    "persistent-gqa-causal-d128-s1000": (dict(batch=2, heads=32, seq_len=1000, dim=128, kv_heads=8, causal=True),
+                                         ws(128, 2, persistent=132)),
+    "persistent-mha-full-d64-bf16-s1001-bn64-3stages": (dict(batch=2, heads=4, seq_len=1001, dim=64,
+                                                             dtype="bfloat16"), ws(64, 3, persistent=7)),
 }
 
 
@@ -140,7 +183,16 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     # S is read after wait_wgmma<1> (P V still in flight), P rewritten only after wait_wgmma<0>
     assert loop.index("wait_wgmma<1>") < loop.index("k_empty[") < loop.index("wait_wgmma<0>") < loop.index("v_empty[")
     assert src.count("wait_wgmma<1>") == 1
-    assert re.search(r"k_empty\[0\]\.init\(8\);", src) and "tma_store(Output_desc" in src
+    assert re.search(r"k_empty\[0\]\.init\(8\);", src)
+    if cfg.persistent:
+        # one resident CTA per worker; the producer waits for the consumers to be done with Q before the next
+        # tile's Q, and the consumers release Q once every Q K^T of their tile has completed
+        assert "q_bar[1].wait(" in producer and "q_bar[1].arrive()" in consumer
+        assert consumer.index("q_bar[1].arrive()") < consumer.rindex("tma_store(Output_desc")
+        assert "blockIdx.y" not in src and "blockIdx.z" not in src
+    else:
+        assert "q_bar[1]" not in src and "q_bar_mem[1];" in src  # Q loaded once: no empty barrier
+    assert "tma_store(Output_desc" in src  # O through its staging tile, one TMA store
     if p.dtype == "bfloat16":
         assert "kBFloat16" in src
     assert "0 bytes spill stores, 0 bytes spill loads" in ptxas and "serialized" not in ptxas, ptxas[-600:]
@@ -170,8 +222,14 @@ def test_ws_matches_the_fp32_reference(shape):
     Q = torch.randn(p.batch, p.seq_len, p.heads, p.dim, device="cuda", generator=gen).to(dt)
     K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
     ref = attention.ref_program(Q, K, V, causal=p.causal).float()
-    for c in (ws(128, 2), ws(64, 1), ws(64, 3)):
-        out = ATTENTION.compile(p, c)(Q, K, V)
+    # persistent: one CTA per SM; 5 CTAs, each walking many tiles (the ring's phases run on across tiles of
+    # different lengths when causal); a single CTA walking every tile; one stage (each tile drains the ring)
+    configs = (ws(128, 2), ws(64, 1), ws(64, 3), ws(128, 2, persistent=132), ws(64, 3, persistent=5),
+               ws(128, 2, persistent=1), ws(64, 1, persistent=132))
+    with ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs in subprocesses: the compiles overlap
+        kernels = list(pool.map(lambda c: ATTENTION.compile(p, c), configs))
+    for c, kern in zip(configs, kernels):
+        out = kern(Q, K, V)
         torch.cuda.synchronize()
         bad = int((~torch.isclose(out.float(), ref, atol=1e-2, rtol=1e-2)).sum())
         assert bad == 0, (str(c), bad, float((out.float() - ref).abs().max()))

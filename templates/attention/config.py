@@ -44,6 +44,7 @@ class AttentionConfig(TemplateConfig):
     num_stages: int
     threads: int
     variant: str = ATTENTION_OPTIONAL_KEYS["variant"]  # "pipelined" (program.py) or "ws" (ws_program.py)
+    persistent: int = ATTENTION_OPTIONAL_KEYS["persistent"]  # ws: n resident CTAs walking the tiles; 0: one per tile
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ runs, the check is ``check_attention_config``, and the candidates are the model'
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from carver.attention import (
@@ -22,7 +23,7 @@ from .config import AttentionConfig, AttentionProblem
 if TYPE_CHECKING:
     from carver.arch import GPUArch
 
-__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "space", "ws_space"]
+__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "space", "tiles", "ws_space"]
 
 #: At most this many of the top-k share a (block_M, block_N): every stage variant of a tile shape (the
 #: calibrated model orders them by margins of ~1%, a near tie that tuning settles), and the rest of the
@@ -44,10 +45,21 @@ def space(problem: AttentionProblem) -> list[AttentionConfig]:
     return [AttentionConfig(**c) for c in attention_space() if not check_attention_config(problem, c)]
 
 
-def ws_space(problem: AttentionProblem) -> list[AttentionConfig]:
+def ws_space(problem: AttentionProblem, arch: GPUArch | None = None) -> list[AttentionConfig]:
     """The hand-scheduled Hopper loop's grid (``variant="ws"``) less what no GPU can run. Not part of
-    :func:`space`, the T.Pipelined grid the model's constants are fitted on; ``candidates`` adds its best."""
-    return [AttentionConfig(**c) for c in attention_ws_space() if not check_attention_config(problem, c)]
+    :func:`space`, the T.Pipelined grid the model's constants are fitted on; ``candidates`` adds its best.
+    With an ``arch`` and more tiles than it has SMs, each config's persistent twin too (``persistent`` = the
+    SM count: one resident CTA per SM walks the tiles)."""
+    grid = [AttentionConfig(**c) for c in attention_ws_space() if not check_attention_config(problem, c)]
+    if arch is None:
+        return grid
+    sms = arch.sm_count
+    return grid + [dataclasses.replace(c, persistent=sms) for c in grid if tiles(problem, c) > sms]
+
+
+def tiles(problem: AttentionProblem, config: AttentionConfig) -> int:
+    """The kernel's (query block, head, batch) tiles: its CTAs, or what its persistent CTAs walk."""
+    return problem.batch * problem.heads * -(-problem.seq_len // config.block_M)
 
 
 def check(problem: AttentionProblem, config: AttentionConfig, arch: GPUArch | None = None) -> list[str]:
@@ -82,6 +94,6 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
             break
     picked += [c for c in ranked if c not in picked][: topk - len(picked)]
     if variants:
-        ws = tmpl.rank(c.kernel_kwargs() for c in ws_space(problem)).configs
+        ws = tmpl.rank(c.kernel_kwargs() for c in ws_space(problem, arch)).configs
         picked += [AttentionConfig(**c) for c in ws[:WS_TOP]]
     return picked

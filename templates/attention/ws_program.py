@@ -27,6 +27,13 @@ query row decides it; a step past a warpgroup's diagonal is fully masked for it)
 warpgroup 1 skips its last hand-over, which no one waits for.
 The last step's ``P V`` is issued outside the turns.
 
+**Persistent form** (``persistent = n > 0``): ``n`` resident CTAs (the SM count) walk the ``B * H *
+ceil(S / block_M)`` tiles in the order of ``tile_of`` (most work first, dealt in a snake). The ring's stages
+and phases run on across a CTA's tiles (``base`` counts the ring iterations of its earlier ones); Q gets an
+empty barrier, released once every ``Q K^T`` of the tile has completed, so the producer loads the next
+tile's Q, K and V while the consumers finish this one; warpgroup 1 hands its last turn to warpgroup 0's next
+tile. O leaves through the staging tile as in the one-tile form.
+
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
 diagonal ones when causal), after ``Q K^T`` (``clear_accum``), where ``program.py`` adds the mask before. A
@@ -72,6 +79,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # per-thread 32-bit registers of the fragments the fences name (a warpgroup's 128 threads share its rows)
     s_regs, p_regs, o_regs = wg_rows * bn // 128, wg_rows * bn // 256, wg_rows * D // 128
     tail = S % bn != 0
+    persistent = config.persistent  # n resident CTAs walking the tiles; 0: one CTA per tile
     turn0, turn1 = TURN_BARRIERS
 
     @T.macro
@@ -114,16 +122,129 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         elif more:
             T.named_barrier_arrive(turn0, 256)
 
+    def either(a, b):
+        """``a or b`` where either may be a TIR condition (``b`` is 0 outside the persistent loop)."""
+        return T.Or(a, b) if persistent else a
+
     @T.macro
     def release(bars, s, tx):
         """One arrival per consumer warp on an empty barrier of stage ``s``."""
         if tx % 32 == 0:
             T.mbarrier_arrive(bars[s])
 
+    @T.macro
+    def produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty, bx, by, bz, steps,
+                base, j):
+        """Producer, one tile: Q once (after the previous tile's consumers are done with it), then K and V
+        for ring iterations ``base`` to ``base + steps - 1``."""
+        if persistent:
+            T.mbarrier_wait_parity(q_bar[1], (j & 1) ^ 1)
+        T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s, barrier=q_bar[0])
+        T.mbarrier_arrive(q_bar[0])
+        for k in T.serial(steps):
+            s, ph = (base + k) % st, ((base + k) // st) & 1
+            T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
+            T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
+            T.mbarrier_arrive(k_full[s])
+            T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
+            T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
+            T.mbarrier_arrive(v_full[s])
+
+    @T.macro
+    def consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
+                scores_sum, logsum, q_bar, k_full, v_full, k_empty, v_empty, bx, by, bz, steps, base, j,
+                more, wg, tx):
+        """Consumers, one tile over ring iterations ``base`` to ``base + steps - 1``; ``more``: this CTA has
+        another tile, so warpgroup 1 hands its last turn on to warpgroup 0's next tile."""
+        T.fill(acc_o, 0)
+        T.fill(logsum, 0)
+        T.fill(scores_max, -T.infinity(accum))
+        T.mbarrier_wait_parity(q_bar[0], j & 1)
+        # step 0: Q K_0^T alone
+        s0 = base % st
+        T.mbarrier_wait_parity(k_full[s0], (base // st) & 1)
+        wait_turn(wg)
+        T.wgmma_gemm(Q_s, K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                     policy=T.GemmWarpPolicy.FullRow)
+        pass_turn(wg, either(steps > 1, more))
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        release(k_empty, s0, tx)
+        mask(acc_s, bx, 0)
+        softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+        T.copy(acc_s, acc_p)
+        # steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs
+        for k in T.serial(1, steps):
+            s, sp = (base + k) % st, (base + k - 1) % st
+            for i, j2 in T.Parallel(bm, D):
+                acc_o[i, j2] *= scores_scale[i]
+            T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
+            T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
+            wait_turn(wg)
+            T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullRow)
+            T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            pass_turn(wg, either(k < steps - 1, more))
+            T.wait_wgmma(1)
+            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+            release(k_empty, s, tx)
+            mask(acc_s, bx, k)
+            softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+            T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
+            release(v_empty, sp, tx)
+            T.copy(acc_s, acc_p)
+        if persistent:
+            release(q_bar, 1, tx)  # every Q K^T of the tile has completed: the producer may load the next Q
+        # the last step's P V, outside the turns
+        sl = (base + steps - 1) % st
+        for i, j2 in T.Parallel(bm, D):
+            acc_o[i, j2] *= scores_scale[i]
+        T.mbarrier_wait_parity(v_full[sl], ((base + steps - 1) // st) & 1)
+        T.wgmma_gemm(acc_p, V_s[sl, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+        release(v_empty, sl, tx)
+        for i, j2 in T.Parallel(bm, D):
+            acc_o[i, j2] /= logsum[i]
+        # through a staging tile and one TMA store: measured faster than each warpgroup storing its own rows
+        # from registers, which writes 4-byte pieces (persistent form, H200, 2026-11-24: 0.95-1.01x)
+        T.copy(acc_o, O_s)
+        T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+
+    nq = -(-S // bm)
+    tiles = B * H * nq
+
+    def tile_of(w, ids):
+        """The tile (bx, head, batch) that the CTA with block indices ``ids`` takes in round ``w``, and whether
+        it exists. One tile per CTA: its own. Persistent: tiles are ordered most work first (causal: the last
+        query blocks, which see the most keys), dealt in a snake (round w forwards, round w + 1 backwards) so
+        each CTA's sum of work evens out; within a round, neighbouring CTAs share a head's K and V (the query
+        blocks of one head are adjacent)."""
+        if not persistent:
+            bx, by, bz = ids
+            return bx, by, bz, True
+        cta = ids
+        t = w * persistent + T.if_then_else(w % 2 == 0, cta, persistent - 1 - cta)
+        if causal:  # query block major, descending: rounds of equal work
+            bx, bh = nq - 1 - t // (B * H), t % (B * H)
+        else:
+            bx, bh = t % nq, t // nq
+        return bx, bh % H, bh // H, t < tiles
+
+    def ring(base):
+        """Ring iterations of the CTA's tiles before this one: 0 in the one-tile form, a constant the index
+        arithmetic folds."""
+        return base if persistent else 0
+
+    rounds = -(-tiles // persistent) if persistent else 1
+    grid = (persistent,) if persistent else (nq, H, B)
+
     @T.prim_func
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
              Output: T.Tensor(q_shape, dtype)):
-        with T.Kernel(T.ceildiv(S, bm), H, B, threads=ct + WS_PRODUCER_THREADS) as (bx, by, bz):
+        with T.Kernel(*grid, threads=ct + WS_PRODUCER_THREADS) as ids:
             Q_s = T.alloc_shared((bm, D), dtype)
             K_s = T.alloc_shared((st, bn, D), dtype)
             V_s = T.alloc_shared((st, bn, D), dtype)
@@ -136,80 +257,37 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             scores_scale = T.alloc_fragment((bm,), accum)
             scores_sum = T.alloc_fragment((bm,), accum)
             logsum = T.alloc_fragment((bm,), accum)
-            q_full = T.alloc_barrier([WS_PRODUCER_THREADS])
+            # Q's full barrier, and (persistent) its empty one: the one-tile form loads Q once
+            q_bar = T.alloc_barrier([WS_PRODUCER_THREADS] + [cwarps] * (persistent > 0))
             k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
             v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
             k_empty = T.alloc_barrier([cwarps] * st)
             v_empty = T.alloc_barrier([cwarps] * st)
-            steps = key_steps(S, bm, bn, bx, causal)
+            base = T.alloc_var("int32", init=0)  # ring iterations of the CTA's tiles before this one
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
                 T.set_max_nreg(WS_PRODUCER_REGS, 0)
-                T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s, barrier=q_full[0])
-                T.mbarrier_arrive(q_full[0])
-                for k in T.serial(steps):
-                    s = k % st
-                    T.mbarrier_wait_parity(k_empty[s], ((k // st) & 1) ^ 1)
-                    T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
-                    T.mbarrier_arrive(k_full[s])
-                    T.mbarrier_wait_parity(v_empty[s], ((k // st) & 1) ^ 1)
-                    T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
-                    T.mbarrier_arrive(v_full[s])
+                for w in T.serial(rounds):
+                    bx, by, bz, live = tile_of(w, ids)
+                    if live:
+                        steps = key_steps(S, bm, bn, bx, causal)
+                        produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty,
+                                bx, by, bz, steps, ring(base), w)
+                        if persistent:
+                            base = base + steps
             else:  # the two consumer warpgroups
                 T.set_max_nreg(WS_CONSUMER_REGS, 1)
                 wg = tx // 128
-                T.fill(acc_o, 0)
-                T.fill(logsum, 0)
-                T.fill(scores_max, -T.infinity(accum))
                 if wg == 0:
                     T.named_barrier_arrive(turn0, 256)  # warpgroup 0 takes the first turn
-                T.mbarrier_wait_parity(q_full[0], 0)
-                # step 0: Q K_0^T alone
-                T.mbarrier_wait_parity(k_full[0], 0)
-                wait_turn(wg)
-                T.wgmma_gemm(Q_s, K_s[0, :, :], acc_s, transpose_B=True, clear_accum=True,
-                             policy=T.GemmWarpPolicy.FullRow)
-                pass_turn(wg, steps > 1)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                release(k_empty, 0, tx)
-                mask(acc_s, bx, 0)
-                softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
-                T.copy(acc_s, acc_p)
-                # steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs
-                for k in T.serial(1, steps):
-                    s, sp = k % st, (k - 1) % st
-                    for i, j in T.Parallel(bm, D):
-                        acc_o[i, j] *= scores_scale[i]
-                    T.mbarrier_wait_parity(k_full[s], (k // st) & 1)
-                    T.mbarrier_wait_parity(v_full[sp], ((k - 1) // st) & 1)
-                    wait_turn(wg)
-                    T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
-                                 policy=T.GemmWarpPolicy.FullRow)
-                    T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                    pass_turn(wg, k < steps - 1)
-                    T.wait_wgmma(1)
-                    T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                    release(k_empty, s, tx)
-                    mask(acc_s, bx, k)
-                    softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                    T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
-                    release(v_empty, sp, tx)
-                    T.copy(acc_s, acc_p)
-                # the last step's P V, outside the turns
-                sl = (steps - 1) % st
-                for i, j in T.Parallel(bm, D):
-                    acc_o[i, j] *= scores_scale[i]
-                T.mbarrier_wait_parity(v_full[sl], ((steps - 1) // st) & 1)
-                T.wgmma_gemm(acc_p, V_s[sl, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-                release(v_empty, sl, tx)
-                for i, j in T.Parallel(bm, D):
-                    acc_o[i, j] /= logsum[i]
-                T.copy(acc_o, O_s)
-                T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+                for w in T.serial(rounds):
+                    bx, by, bz, live = tile_of(w, ids)
+                    if live:
+                        steps = key_steps(S, bm, bn, bx, causal)
+                        consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev,
+                                scores_scale, scores_sum, logsum, q_bar, k_full, v_full, k_empty, v_empty,
+                                bx, by, bz, steps, ring(base), w, persistent and tile_of(w + 1, ids)[3], wg, tx)
+                        if persistent:
+                            base = base + steps
 
     return main
