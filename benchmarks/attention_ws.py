@@ -63,7 +63,7 @@ def child(args: argparse.Namespace) -> int:
     b = Bench(args)
     shape = args.child
     problem = b.problem(shape)
-    configs = [c for c in ws_space(problem) if not ATTENTION.check(problem, c, b.arch)]
+    configs = [c for c in ws_space(problem, b.arch) if not ATTENTION.check(problem, c, b.arch)]
     qkv = b.inputs(shape)
     ref = ATTENTION.reference(problem)(*qkv)
     compile_all(ATTENTION, problem, configs, args.jobs)  # in parallel, into TileLang's disk cache
@@ -78,12 +78,11 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def race(b: Bench, shape: tuple, plain: dict, ws: dict, kernels: dict, qkv: tuple) -> dict[str, Any]:
-    """Step 3: the best of each variant and the SDPA backends, interleaved; medians in ms."""
+def race(b: Bench, shape: tuple, best: dict[str, dict | None], kernels: dict, qkv: tuple) -> dict[str, Any]:
+    """Step 3: the best of each kind (``best``: name -> measured row) and the SDPA backends, interleaved;
+    medians in ms."""
     q, k, v = qkv
-    impls = {"plain": kernels[config_id(plain["config"])]} if plain else {}
-    if ws:
-        impls["ws"] = kernels[config_id(ws["config"])]
+    impls = {name: kernels[config_id(row["config"])] for name, row in best.items() if row}
     calls = {n: (lambda kern=kern: kern(q, k, v)) for n, kern in impls.items()}
     notes = {}
     for name, backend in b.sdpa_backends().items():
@@ -98,6 +97,17 @@ def race(b: Bench, shape: tuple, plain: dict, ws: dict, kernels: dict, qkv: tupl
         for n, fn in calls.items():
             times[n].append(b.clock.time(fn))
     return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+
+
+#: What the race times beside the SDPA backends: the best measured config of each kind.
+KINDS = ("plain", "ws", "persistent")
+
+
+def _kind(config: dict[str, Any]) -> str:
+    """``plain`` (T.Pipelined), ``ws`` (the hand-scheduled loop, one CTA per tile) or ``persistent``."""
+    if config.get("variant", "pipelined") != "ws":
+        return "plain"
+    return "persistent" if config.get("persistent") else "ws"
 
 
 def ratio(ms: dict[str, float], a: str, c: str) -> float | None:
@@ -126,22 +136,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         kernels: dict[str, Any] = {}
         measured = measure_configs(ATTENTION, problem, plain + good, qkv, ref, b.clock, args.jobs, kernels=kernels)
         ok = [r for r in measured if r["ms"] is not None]
-        best = {v: min((r for r in ok if r["config"].get("variant", "pipelined") == v), key=lambda r: r["ms"],
-                       default=None) for v in ("pipelined", "ws")}
-        raced = race(b, shape, best["pipelined"], best["ws"], kernels, qkv)
+        best = {kind: min((r for r in ok if _kind(r["config"]) == kind), key=lambda r: r["ms"], default=None)
+                for kind in KINDS}
+        raced = race(b, shape, best, kernels, qkv)
         ms = raced["ms"]
         tmpl = carver_template(problem, b.arch)
         row = {"shape": name, "problem": list(shape), "dtype": args.dtype, "check": checked, "measured": measured,
-               "best_plain": best["pipelined"], "best_ws": best["ws"], **raced,
+               "best_plain": best["plain"], "best_ws": best["ws"], "best_persistent": best["persistent"], **raced,
                "tflops": {n: problem.flops / m / 1e9 for n, m in ms.items()},
                "ws_speedup_vs_plain": ratio(ms, "plain", "ws"), "ws_vs_cudnn": ratio(ms, "cudnn", "ws"),
                "plain_vs_cudnn": ratio(ms, "cudnn", "plain"),
+               "persistent_vs_ws": ratio(ms, "ws", "persistent"),
+               "persistent_vs_cudnn": ratio(ms, "cudnn", "persistent"),
                "predicted_ms": {config_id(c.to_dict()): tmpl.predict(c.kernel_kwargs()).latency_ms
                                 for c in plain + good}}
         bad = [r for r in checked if not r.get("correct")]
         log(f"{name}: ws {len(checked) - len(bad)}/{len(checked)} correct; "
             + ", ".join(f"{n} {m:.3f} ms" for n, m in ms.items())
-            + f"; ws/plain {row['ws_speedup_vs_plain']}, ws/cudnn {row['ws_vs_cudnn']}")
+            + f"; ws/plain {row['ws_speedup_vs_plain']}, persistent/ws {row['persistent_vs_ws']}, "
+            f"persistent/cudnn {row['persistent_vs_cudnn']}")
         rows.append(row)
         dump(out / "ws.json", {"device": b.device, "rows": rows})
         del qkv, ref, kernels
@@ -151,15 +164,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     f = (lambda v: f"{v:.3f}" if v is not None else "-")  # noqa: E731
-    lines = ["| shape | ws correct | plain TFLOP/s | ws TFLOP/s | cuDNN TFLOP/s | ws / plain | ws / cuDNN | "
-             "plain / cuDNN | best ws config |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shape | ws correct | plain TFLOP/s | ws TFLOP/s | persistent TFLOP/s | cuDNN TFLOP/s | ws / plain | "
+             "persistent / ws | persistent / cuDNN | ws / cuDNN | best ws config | best persistent config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tf, n_ok = r["tflops"], sum(1 for c in r["check"] if c.get("correct"))
         lines.append(f"| {r['shape']} | {n_ok}/{len(r['check'])} | {tf.get('plain', 0):.0f} | {tf.get('ws', 0):.0f} | "
-                     f"{tf.get('cudnn', 0):.0f} | {f(r['ws_speedup_vs_plain'])} | {f(r['ws_vs_cudnn'])} | "
-                     f"{f(r['plain_vs_cudnn'])} | {(r['best_ws'] or {}).get('config')} |")
-    for key in ("ws_speedup_vs_plain", "ws_vs_cudnn", "plain_vs_cudnn"):
-        xs = [r[key] for r in rows if r[key]]
+                     f"{tf.get('persistent', 0):.0f} | {tf.get('cudnn', 0):.0f} | {f(r['ws_speedup_vs_plain'])} | "
+                     f"{f(r.get('persistent_vs_ws'))} | {f(r.get('persistent_vs_cudnn'))} | {f(r['ws_vs_cudnn'])} | "
+                     f"{(r['best_ws'] or {}).get('config')} | {(r.get('best_persistent') or {}).get('config')} |")
+    for key in ("ws_speedup_vs_plain", "persistent_vs_ws", "persistent_vs_cudnn", "ws_vs_cudnn", "plain_vs_cudnn"):
+        xs = [r[key] for r in rows if r.get(key)]
         if xs:
             lines.append(f"\ngeomean {key}: {geomean(xs):.3f} over {len(xs)} shapes (min {min(xs):.3f})")
     return "\n".join(lines)
