@@ -342,7 +342,7 @@ class AttentionConstants:
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
     p: float                          # p-norm that blends the per-step limits
     ws_overlap: float = 0.49          # ws variant: share of min(tensor, softmax) its schedule hides (fitted)
-    persistent_tile_share: float = 0.35  # persistent ws: share of cta_fixed a CTA's later tiles still pay (guess)
+    persistent_tile_share: float = 0.7  # persistent ws: share of cta_fixed a CTA's later tiles still pay (fitted)
 
     def replace(self, **changes: float) -> AttentionConstants:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
