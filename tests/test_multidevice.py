@@ -317,12 +317,21 @@ def test_a_matmul_tuned_on_every_gpu_is_measured_on_each():
     from templates import matmul as mm
 
     problem = mm.MatmulProblem(2048, 2048, 2048)
-    configs = mm.MATMUL.space(problem)[::12]  # 24 of the 288
+    configs = mm.MATMUL.space(problem)[::6]  # 48 of the 288
     result = (mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
               .set_tuning(cache=False, progress=False, devices="all").run(3, 20))
     n = torch.cuda.device_count()
-    measured = {t.device for t in result.trials if t.status == Status.OK}
-    assert measured == {f"cuda:{i}" for i in range(n)}, [(t.status, t.device) for t in result.trials]
+    labels = {f"cuda:{i}" for i in range(n)}
+    # every GPU's measuring process came up; the queue is shared, so one still starting when the others have
+    # drained it may take no candidate (an H200 x4 host, 2026-11-28: 24 candidates, cuda:2 took none), but
+    # the candidates were spread, and each was measured once, on a GPU of this host
+    ready = {e.where for e in result.timeline.events if e.what == "imports done"}
+    assert labels <= ready, (ready, result.timeline.devices())
+    ok = [t for t in result.trials if t.status == Status.OK]
+    assert len(ok) == len(configs) and {t.device for t in ok} <= labels, [(t.status, t.device) for t in ok]
+    assert len({t.device for t in ok}) >= min(n, 2), [(t.status, t.device) for t in ok]
+    per_device = result.timeline.devices()
+    assert sum(d["measured"] for w, d in per_device.items() if w in labels) == len(ok), per_device
     assert {t.device for t in result.trials if t.rounds} == {"cuda:0"}
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
