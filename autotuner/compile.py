@@ -109,12 +109,52 @@ def _private_copy(func: Any) -> Any:
 
 
 def cloudpickle_module() -> Any:
-    """cloudpickle pickles notebook and ``__main__`` functions by value; joblib < 1.5 vendors it."""
+    """cloudpickle, which pickles notebook and ``__main__`` functions by value (joblib < 1.5 vendors it),
+    as an object with its ``dumps`` and ``loads``; ``dumps`` keeps each code object's file name
+    (:class:`_KeepFilenames`)."""
     try:
         import cloudpickle
     except ImportError:
         from joblib.externals import cloudpickle
-    return cloudpickle
+    return _KeepFilenames(cloudpickle)
+
+
+def _code_with_filename(make: Callable[..., types.CodeType], args: tuple, filename: str) -> types.CodeType:
+    """A code object as cloudpickle rebuilds it, with the file name it had where it was pickled."""
+    code = make(*args)
+    return code if code.co_filename == filename else code.replace(co_filename=filename)
+
+
+class _KeepFilenames:
+    """cloudpickle's ``dumps`` and ``loads``, except that a function pickled by value keeps its code's
+    file name. cloudpickle 3.1.3 writes ``"<dynamic-code>"`` instead (a deterministic payload), and then
+    ``inspect.getsource`` in the worker, which TileLang reads every kernel through, fails with "could
+    not get source code" (CI, 2026-11-28: every kernel that travels by value, a closure's or a decorated
+    function's, failed to compile in the workers). With the name back, the worker reads the kernel's file,
+    or the lines :func:`seed_linecache` put under that name."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+        reduce = getattr(getattr(module, "cloudpickle", module), "_code_reduce", None)
+
+        class Pickler(module.Pickler):
+            def reducer_override(self, obj: Any) -> Any:
+                if reduce is not None and isinstance(obj, types.CodeType):
+                    make, args = reduce(obj)
+                    return _code_with_filename, (make, args, obj.co_filename)
+                return super().reducer_override(obj)
+
+        self.pickler = Pickler
+
+    def dumps(self, obj: Any, protocol: int | None = None) -> bytes:
+        import io
+
+        with io.BytesIO() as f:
+            self.pickler(f, protocol=protocol).dump(obj)
+            return f.getvalue()
+
+    def loads(self, data: bytes) -> Any:
+        return self.module.loads(data)
 
 
 def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
