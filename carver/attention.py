@@ -287,6 +287,9 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
         cc = "".join(map(str, arch.compute_capability))
         out.append(f"variant='ws' needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg); {arch.name} "
                    f"is sm_{cc}; use variant='pipelined'")
+    if c["persistent"] > arch.sm_count:
+        out.append(f"persistent={c['persistent']} CTAs are more than {arch.name}'s {arch.sm_count} SMs hold at once "
+                   f"(one each): the rest would start only when a whole walk ends; use persistent={arch.sm_count}")
     if problem.causal and not arch.has_tma and c["num_stages"] >= 2:
         out.append(f"causal with num_stages={c['num_stages']} on {arch.name}: TileLang 0.1.15 cannot generate the "
                    f"cp.async pipeline over the causal loop's run-time trip count (codegen fails: 'Downcast from "
@@ -528,8 +531,11 @@ class AttentionTemplate:
         if p.causal:
             per_head, longest = _causal_steps(nq, nk, bm, bn)
             total_steps = p.batch * p.heads * per_head
-            spread = min(slots, workers)
-            rounds = max(total_steps / spread + a.tail_fraction * longest, longest) if ctas > spread else longest
+            if c["persistent"]:  # each wave of resident CTAs walks its share; a second wave starts after the first
+                walk = max(total_steps / workers + a.tail_fraction * longest, longest) if ctas > workers else longest
+                rounds = math.ceil(workers / slots) * walk
+            else:
+                rounds = max(total_steps / slots + a.tail_fraction * longest, longest) if ctas > slots else longest
         else:
             rounds = math.ceil(workers / slots) * per_worker * nk
         waves = ctas / slots

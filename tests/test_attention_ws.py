@@ -93,6 +93,9 @@ def test_persistent_is_a_ws_form_and_its_rules_name_the_fix():
     # the same shared memory as the one-tile form: 128-key tiles take no third stage (2 x 32 + 3 x 64 KB)
     assert ATTENTION.check(p, ws(128, 3, persistent=132), CUDA("H100")) == ATTENTION.check(p, ws(128, 3),
                                                                                            CUDA("H100")) != []
+    # more CTAs than SMs: not resident at once; the message names the SM count
+    (why,) = ATTENTION.check(p, ws(persistent=133), CUDA("H100"))
+    assert "persistent=133" in why and "132 SMs" in why and why.endswith("use persistent=132")
     # one wave of tiles or less: no persistent twin (nothing to overlap)
     small = AttentionProblem(batch=1, heads=8, seq_len=1024, dim=128)  # 64 tiles
     assert all(not c.persistent for c in ws_space(small, CUDA("H100")))
@@ -108,7 +111,8 @@ def test_model_credits_persistence_with_the_tiles_per_cta(seq_len, causal):
     assert (walk.tensor_us, walk.softmax_us, walk.step_us) == (one.tensor_us, one.softmax_us, one.step_us)
     gain = one.latency_ms / walk.latency_ms
     assert (1.03 < gain < 1.25) if seq_len == 1024 else (1.0 < gain < 1.02), gain
-    # more resident CTAs than SMs: a second wave of workers, never better than one per SM
+    # one CTA more than the SMs hold: a second wave of workers that starts when the first's walk ends
+    assert tmpl.predict(ws(persistent=133).kernel_kwargs()).latency_ms > 1.5 * walk.latency_ms
     assert tmpl.predict(ws(persistent=264).kernel_kwargs()).latency_ms >= walk.latency_ms
 
 
@@ -190,7 +194,10 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
         # one resident CTA per worker; the producer waits for the consumers to be done with Q before the next
         # tile's Q, and the consumers release Q once every Q K^T of their tile has completed
         assert "q_bar[1].wait(" in producer and "q_bar[1].arrive()" in consumer
-        assert consumer.index("q_bar[1].arrive()") < consumer.rindex("tma_store(Output_desc")
+        # Q is released after the loop's last Q K^T has completed, before the last P V (which reads no Q)
+        release = consumer.index("q_bar[1].arrive()")
+        assert consumer.rindex("wait_wgmma<1>") < release < consumer.rindex("wgmma_rs<") < consumer.rindex(
+            "tma_store(Output_desc")
         assert "blockIdx.y" not in src and "blockIdx.z" not in src
     else:
         assert "q_bar[1]" not in src and "q_bar_mem[1];" in src  # Q loaded once: no empty barrier

@@ -79,7 +79,10 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # per-thread 32-bit registers of the fragments the fences name (a warpgroup's 128 threads share its rows)
     s_regs, p_regs, o_regs = wg_rows * bn // 128, wg_rows * bn // 256, wg_rows * D // 128
     tail = S % bn != 0
-    persistent = config.persistent  # n resident CTAs walking the tiles; 0: one CTA per tile
+    nq = -(-S // bm)
+    tiles = B * H * nq
+    # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
+    persistent = min(config.persistent, tiles)
     turn0, turn1 = TURN_BARRIERS
 
     @T.macro
@@ -213,15 +216,13 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         T.copy(acc_o, O_s)
         T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
 
-    nq = -(-S // bm)
-    tiles = B * H * nq
-
     def tile_of(w, ids):
         """The tile (bx, head, batch) that the CTA with block indices ``ids`` takes in round ``w``, and whether
         it exists. One tile per CTA: its own. Persistent: tiles are ordered most work first (causal: the last
         query blocks, which see the most keys), dealt in a snake (round w forwards, round w + 1 backwards) so
-        each CTA's sum of work evens out; within a round, neighbouring CTAs share a head's K and V (the query
-        blocks of one head are adjacent)."""
+        each CTA's sum of work evens out. Within a round, neighbouring CTAs share K and V: without the mask
+        they take adjacent query blocks of one head; causal, the same query block of adjacent heads (one GQA
+        group reads one K and V)."""
         if not persistent:
             bx, by, bz = ids
             return bx, by, bz, True
