@@ -29,6 +29,8 @@ Layout of the work:
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import linecache
 import logging
 import os
@@ -108,10 +110,12 @@ def _private_copy(func: Any) -> Any:
         return func
 
 
+@functools.cache
 def cloudpickle_module() -> Any:
     """cloudpickle, which pickles notebook and ``__main__`` functions by value (joblib < 1.5 vendors it),
     as an object with its ``dumps`` and ``loads``; ``dumps`` keeps each code object's file name
-    (:class:`_KeepFilenames`)."""
+    (:class:`_KeepFilenames`). One per process: :func:`kernel_globals` and :func:`restore_globals` call it
+    once per global."""
     try:
         import cloudpickle
     except ImportError:
@@ -147,8 +151,6 @@ class _KeepFilenames:
         self.pickler = Pickler
 
     def dumps(self, obj: Any, protocol: int | None = None) -> bytes:
-        import io
-
         with io.BytesIO() as f:
             self.pickler(f, protocol=protocol).dump(obj)
             return f.getvalue()
