@@ -201,7 +201,8 @@ def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"variant must be one of {list(ATTENTION_VARIANTS)}, got {variant!r}; 'pipelined' is "
                          f"TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop")
     out["variant"] = variant
-    out["persistent"] = int_in_range(config.get("persistent", 0), "persistent", 0, 1 << 16,
+    persistent = config.get("persistent", ATTENTION_OPTIONAL_KEYS["persistent"])
+    out["persistent"] = int_in_range(persistent, "persistent", 0, 1 << 16,
                                      fix="0: one CTA per tile; n: n resident CTAs (the SM count) that walk the tiles")
     return out
 
