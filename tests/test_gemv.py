@@ -159,7 +159,8 @@ def test_template_protocol_and_no_gpu_path():
     with pytest.raises(ValueError, match="C target"):
         GEMV.resolve(GemvProblem(1, 64, 64), "c")
     tuner = GEMV.tuner(GemvProblem(1, 4096, 4096), TuneOptions(target="sm_90a", topk=4))
-    assert len(tuner.configs) == 4 + 2  # the top-4, then two cp.async variants on a GPU with TMA
+    # the top-4, then two cp.async variants on a GPU with TMA and the first's narrower-step twin
+    assert len(tuner.configs) == 4 + 3
     assert kernel_name(tuner.fn) == "templates.gemv"  # its name in logs and `tilecarve cache list`
 
 
@@ -289,8 +290,24 @@ def test_cp_async_variants_keep_at_most_a_quarter_of_k_in_flight():
     space = importlib.import_module("templates.gemv.space")  # the package's `space` is the function
     for M, N, K in ((4, 4096, 4096), (16, 4096, 4096), (4, 14336, 4096)):
         extra = [c for c in GEMV.candidates(GemvProblem(M, N, K), CUDA("H100"), 8) if not c.tma]
-        assert len(extra) == 2 and all(c.num_stages * c.block_K <= K * space._ASYNC_MAX_DEPTH for c in extra)
+        assert len({c.block_N for c in extra}) == 2 and len(extra) in (2, 3)
+        assert all(c.num_stages * c.block_K <= K * space._ASYNC_MAX_DEPTH for c in extra)
     # K = 1024: no cp.async config of the grid is 256 or fewer columns deep; the model's order stands
     extra = [c for c in GEMV.candidates(GemvProblem(4, 4096, 1024), CUDA("H100"), 8) if not c.tma]
     assert len(extra) == 2 and len({c.block_N for c in extra}) == 2
     assert max(c.num_stages * c.block_K for c in extra) > 1024 * space._ASYNC_MAX_DEPTH
+
+
+def test_the_first_cp_async_variant_is_measured_with_its_narrower_k_step_twin():
+    """At equal depth the model ranks the wider K step first; measured (32 MB weight, M = 4 and 16, H100
+    and H200) 32x128 with 8 stages beat 32x256 with 4. So the first variant's twin of the same block_N and
+    depth with a narrower step joins the candidates, where the grid has one."""
+    for M in (4, 16):
+        extra = [c for c in GEMV.candidates(GemvProblem(M, 4096, 4096), CUDA("H200"), 8) if not c.tma]
+        first, twin = extra[0], extra[-1]
+        assert len(extra) == 3 and (twin.block_N, twin.block_K, twin.num_stages) == (32, 128, 8)
+        assert twin.block_N == first.block_N and twin.block_K < first.block_K
+        assert twin.block_K * twin.num_stages == first.block_K * first.num_stages
+    # 14336 x 4096: the first variant is 128 columns wide, and the grid has no narrower step: no twin
+    extra = [c for c in GEMV.candidates(GemvProblem(4, 14336, 4096), CUDA("H200"), 8) if not c.tma]
+    assert len(extra) == 2 and extra[0].block_K == 128

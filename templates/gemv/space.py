@@ -32,6 +32,12 @@ _ASYNC_VARIANTS = 2
 #: and H200, streamed) the configs 1024 columns deep were the fastest and those 2048 deep 3-40% slower
 #: (`benchmarks/data/gemv-bandwidth-all-2026-11-23-h100`, `gemv-fixed-cost-2026-11-23-h200/e`).
 _ASYNC_MAX_DEPTH = 0.25
+# _ASYNC_NARROW_TWIN: the first cp.async variant is joined by its twin of the same block_N and depth with a
+# narrower K step (more, smaller stages), the model's best such. The model ranks the two alike or the wider
+# step first; measured at K = 4096 (32 MB weight, M = 4 and 16, streamed) 32x128 with 8 stages was the
+# fastest cp.async config on the H100 (0.905-0.909 of a copy, against 0.900-0.901 for 32x256 with 4) and
+# on the H200 (0.837-0.849 against 0.829-0.839): `gemv-bandwidth-all-2026-11-23-h100`,
+# `gemv-fixed-cost-2026-11-23-h200/e`. So both are measured.
 #: At least topk // this of the top-k come from each path (half) while the mma path's constants are the GEMM
 #: calibration's (no GEMV grid of that path measured yet): the measurement decides between them.
 _PATH_SHARE = 2
@@ -78,7 +84,8 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     model's top-1 first, at most two per path and ``block_N``, and at least ``topk // 2`` of each path,
     until the grid runs out of others. Then, with ``variants`` on a GPU with TMA, the model's best
     :data:`_ASYNC_VARIANTS` cp.async configs (``tma=False``, one per ``block_N``, at most a quarter of K
-    in flight where any is: :data:`_ASYNC_MAX_DEPTH`), as the matmul family
+    in flight where any is: :data:`_ASYNC_MAX_DEPTH`) and the first one's twin with a narrower K step at
+    the same depth, where the grid has one (``_ASYNC_NARROW_TWIN``), as the matmul family
     appends its Hopper variants. They beat the TMA program's same tiles in most side-by-side comparisons
     measured so far (32 and 117 MB weights, M = 1, 4 and 16; by up to 9 us with 16- and 32-column tiles,
     within 0.9 us either way with 64-column ones at 32 MB), but the model predicts the two programs alike
@@ -96,6 +103,10 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     for c in asyncs:
         if len(extra) < _ASYNC_VARIANTS and all(e.block_N != c.block_N for e in extra):
             extra.append(c)
+    if extra:  # the first variant's narrower K step at the same depth (see _ASYNC_NARROW_TWIN)
+        first = extra[0]
+        extra += [c for c in asyncs if c.block_N == first.block_N and c.block_K < first.block_K
+                  and c.block_K * c.num_stages == first.block_K * first.num_stages][:1]
     return _top_k(ranked, topk) + extra
 
 
