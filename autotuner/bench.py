@@ -49,6 +49,7 @@ from .check import (
     run_reference,
     same_bits,
     supplied_inputs,
+    unwritten_under_both_poisons,
 )
 from .compile import (
     build,
@@ -269,7 +270,8 @@ class Bench:
         if case.refs is None and s.ref_prog is not None:
             ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
             refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
-                                 [tuple(case.args[i].shape) for i in case.out_idx])
+                                 [tuple(case.args[i].shape) for i in case.out_idx],
+                                 [case.args[i].dtype for i in case.out_idx])
             # copies: a reference that updates an input in place returns it, and timing it below goes on changing it
             case.refs = [r.clone() if hasattr(r, "clone") else r for r in refs]
             self.stamps.append((time.time(), f"reference run{self.tag}"))
@@ -290,6 +292,8 @@ class Bench:
         case = self._case(jit)
         refs = self._refs(case)  # before the candidate runs: a wrong problem is found before any candidate
         outs = [case.args[i] for i in case.out_idx]
+        unchecked = refs is None or self.spec.check.skip_check  # no reference to catch unwritten integers
+        first: list[Any] = []
         for second in (False, True):  # the second poison only where the first could pass unwritten elements
             if second and not needs_second_poison(outs, refs):
                 break
@@ -303,6 +307,11 @@ class Bench:
             why = self._written_message(case, "")
             if why is None:
                 why = self._check(outs, refs)
+            if why is None and unchecked:
+                if second:
+                    why = unwritten_under_both_poisons(first, outs)
+                else:
+                    first = [None if o.is_floating_point() else o.clone() for o in outs]
             if why is not None:
                 return Status.MISMATCH, why + (" (with the second poison: elements never written)" if second else "")
         return None
@@ -313,6 +322,10 @@ class Bench:
         if not written:
             return None
         which = ", ".join(f"argument {i} ({case.names[i]})" for i in written)
+        if not case.out_idx:  # no output named at all: far likelier a forgotten out_idx than an in-place kernel
+            return (f"the kernel wrote to its input {which}{when}, and out_idx names no output; pass the "
+                    f"outputs' indices, e.g. out_idx=[-1] for the last argument (a kernel that updates an argument "
+                    f"in place needs it in restore_value instead)")
         return (f"the kernel wrote to its input {which}{when}, which is not an output (out_idx={case.out_idx}); "
                 "a kernel that updates an argument in place needs it in restore_value (or reset_to_zero)")
 
@@ -883,10 +896,12 @@ class IsolatedBench(ServedBench):
         self._conn: Any = None
         self._owed: list[float] = []  # bounds (s) of the replies prepare's requests still owe, in order
         self._stopping = False  # set by abort(): a process killed then is not restarted
+        self._answered = False  # whether a process of this bench has answered a request (the reference is made)
         self._start()
 
     def _start(self) -> None:
         """Take a waiting spare (or spawn a process) and send it the job's specs and scratch directory."""
+        self._answered = False  # a new process makes (and times) the reference again at its first candidate
         while True:
             spare = spares.take(_spare_kind(self._env, self._device))
             p = spare or _spawn(self._env, self._device)
@@ -982,12 +997,19 @@ class IsolatedBench(ServedBench):
                 if reply[0] == "lost":  # its context is gone: it is replaced, and the candidate counted as died
                     self._restart()
                     return "died", f"{reply[1]}; the measuring process was replaced for the remaining configs"
+                self._answered = True
                 return reply
         except (EOFError, BrokenPipeError, ConnectionResetError):
             pass
         else:
+            first = not self._answered and any(s.check.ref_prog is not None for s in self.specs)
             self._restart()
-            return "timeout", f"kernel ran past run_timeout={timeout:g} s; measuring process killed"
+            why = f"kernel ran past run_timeout={timeout:g} s; measuring process killed"
+            if first:  # its first request also runs and times the reference: that may be what hangs
+                why += ("; it was this process's first candidate, whose time also runs and times the reference "
+                        "program (ref_prog): if every config times out so, the reference is too slow for "
+                        "run_timeout: raise set_tuning(run_timeout=...) or speed up ref_prog")
+            return "timeout", why
         try:
             code = self._proc.wait(10)
         except subprocess.TimeoutExpired:

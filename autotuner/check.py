@@ -14,8 +14,9 @@ from typing import Any
 
 from .errors import TuningInputError
 
-__all__ = ["CheckResult", "SupplyType", "compare", "make_args", "manual_check", "needs_second_poison",
-           "parse_supply_type", "poison_", "run_reference", "same_bits", "supplied_inputs", "torch_dtype"]
+__all__ = ["DEFAULT_TOL", "CheckResult", "SupplyType", "check_shared_dims", "compare", "make_args", "manual_check",
+           "needs_second_poison", "parse_supply_type", "poison_", "run_reference", "same_bits", "supplied_inputs",
+           "tolerances", "torch_dtype", "unwritten_under_both_poisons"]
 
 
 class SupplyType(enum.Enum):
@@ -121,6 +122,44 @@ def needs_second_poison(outputs: Sequence[Any], refs: Sequence[Any] | None) -> b
     return False
 
 
+def unwritten_under_both_poisons(first: Sequence[Any], second: Sequence[Any]) -> str | None:
+    """Why a candidate's outputs were not all written, from copies of them after a run on the first poison
+    (``first``) and the outputs after a run on the second (:func:`poison_`): an element that held the first
+    poison after one run and the second after the other was never written. For outputs checked without a
+    reference, where a poison value (an integer's minimum, False) could be a right answer."""
+    import torch
+
+    for j, (a, b) in enumerate(zip(first, second)):
+        if a is None or a.is_floating_point():  # floats: the NaN check covers them
+            continue
+        p1, p2 = poison_(torch.empty(1, dtype=a.dtype, device=a.device)), poison_(
+            torch.empty(1, dtype=b.dtype, device=b.device), second=True)
+        never = (a == p1) & (b == p2)
+        if bool(never.any()):
+            return f"output {j}: {int(never.sum())} elements still hold the poison under both runs (never written)"
+    return None
+
+
+def check_shared_dims(params: Sequence[Any], args: Sequence[Any]) -> None:
+    """Raise ``ValueError`` where two tensors disagree on a dimension their parameters share by name (a
+    symbolic ``M``): TileLang's CUDA host code checks that, its C-target adapter binds ``M`` from the first
+    tensor and reads past the end of a shorter one. Static dimensions are left to TileLang, which checks them."""
+    seen: dict[str, tuple[int, int, int]] = {}
+    for i, (p, a) in enumerate(zip(params, args)):
+        shape = getattr(a, "shape", None)
+        if shape is None:
+            continue
+        for d, dim in enumerate(p.shape):
+            if isinstance(dim, int) or hasattr(dim, "value") or d >= len(shape):
+                continue  # static (a Python or TVM integer), or a rank TileLang will refuse
+            name = str(dim)
+            if name in seen and seen[name][0] != int(shape[d]):
+                size, j, e = seen[name]
+                raise ValueError(f"argument {i} has {shape[d]} in dimension {d} and argument {j} {size} in dimension "
+                                 f"{e}, and the kernel gives both the one size {name}; pass tensors that agree on it")
+            seen.setdefault(name, (int(shape[d]), i, d))
+
+
 def make_args(params: Sequence[Any], out_idx: list[int], supply: SupplyType, device: str,
               seed: int = 0) -> list[Any]:
     """One tensor per kernel parameter: generated inputs, poisoned outputs (at ``out_idx``)."""
@@ -191,6 +230,31 @@ def manual_check(manual_check_prog: Callable[..., Any], outputs: list[Any], refs
     return f"manual_check_prog returned {verdict!r}"
 
 
+#: The tolerance an unset ``atol``/``rtol`` stands for (TileLang's default); see :func:`tolerances`.
+DEFAULT_TOL = 1e-2
+
+
+def tolerances(output: Any, ref: Any, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    """The ``(atol, rtol)`` an output is compared with. Given values are used as given. Left unset (``None``):
+
+    * integer and bool outputs must equal the reference (0, 0): a tolerance of 1e-2 + 1e-2*|ref| passes
+      5005 for 5000;
+    * floating outputs get ``rtol`` = :data:`DEFAULT_TOL` and ``atol`` = :data:`DEFAULT_TOL` times the
+      reference's largest finite magnitude where that is below 1, so that a fixed 1e-2 cannot swallow
+      outputs much smaller than itself (a kernel writing zeros passed against a reference of 1e-3 values)."""
+    import torch
+
+    if not output.is_floating_point() and not output.is_complex():
+        if atol is None and rtol is None:
+            return 0.0, 0.0
+        return float(atol or 0.0), float(rtol or 0.0)
+    if atol is None:
+        finite = ref[torch.isfinite(ref)] if ref.numel() else ref
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        atol = DEFAULT_TOL * min(1.0, scale)
+    return float(atol), float(DEFAULT_TOL if rtol is None else rtol)
+
+
 @dataclass(frozen=True)
 class CheckResult:
     ok: bool
@@ -199,16 +263,19 @@ class CheckResult:
     detail: str
 
 
-def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: float,
+def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float | None, rtol: float | None,
             max_mismatched_ratio: float) -> CheckResult:
     """Element-wise ``|out - ref| <= atol + rtol*|ref|`` where the reference is finite; where it is not,
     only the same value passes (an infinity of the same sign; NaN where the reference has NaN), as in
-    ``torch.isclose``. NaN in the output passes nowhere else."""
+    ``torch.isclose``. NaN in the output passes nowhere else. ``atol``/``rtol`` left ``None`` are set per
+    output (:func:`tolerances`). ``max_mismatched_ratio`` bounds each output's share of failing elements
+    (pooled over all outputs, a small wrong output would hide behind a large right one)."""
     import torch
 
     if len(outputs) != len(refs):
         return CheckResult(False, 0, 0, f"kernel has {len(outputs)} outputs but ref_prog returned {len(refs)}")
     bad = total = 0
+    ok = True
     worst = []
     for j, (o, r) in enumerate(zip(outputs, refs)):
         if not isinstance(r, torch.Tensor):
@@ -219,13 +286,16 @@ def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: floa
         wide = torch.float64 if o.device.type == "cpu" else torch.float32
         of = o.detach().to(dtype=wide)
         rf = r.detach().to(device=o.device, dtype=wide)
+        a, rt = tolerances(o, rf, atol, rtol)
         diff = (of - rf).abs()
-        tol = atol + rtol * rf.abs()  # infinite where the reference is: only equality may pass there
+        tol = a + rt * rf.abs()  # infinite where the reference is: only equality may pass there
         mism = ~((of == rf) | (torch.isfinite(rf) & (diff <= tol)))  # NaN compares False: a mismatch
         mism &= ~(torch.isnan(of) & torch.isnan(rf))  # both NaN: the reference agrees
         n = int(mism.sum())
         bad += n
         total += mism.numel()
+        if n and not n <= max_mismatched_ratio * mism.numel():
+            ok = False
         if n:
             nan = int(torch.isnan(of).sum())
             finite = diff[~torch.isnan(diff)]
@@ -234,21 +304,22 @@ def compare(outputs: Sequence[Any], refs: Sequence[Any], atol: float, rtol: floa
                 msg += f", max |diff| {float(finite.max()):.4g}"
             if nan:
                 msg += f", {nan} NaN (never written, or the kernel produced NaN)"
-            worst.append(msg)
-    ratio = bad / total if total else 0.0
-    ok = bad == 0 or ratio <= max_mismatched_ratio
-    detail = "; ".join(worst) + (f" (allowed ratio {max_mismatched_ratio:g}, atol={atol:g}, rtol={rtol:g})"
-                                 if worst else "")
+            ref_nan = int(torch.isnan(rf).sum())
+            if ref_nan:
+                msg += f", the reference holds {ref_nan} NaN"
+            worst.append(msg + f" (atol={a:g}, rtol={rt:g})")
+    detail = "; ".join(worst) + (f" (allowed ratio per output {max_mismatched_ratio:g})" if worst else "")
     return CheckResult(ok, bad, total, detail)
 
 
 def run_reference(ref_prog: Callable[..., Any], inputs: Sequence[Any], n_outputs: int,
-                  out_shapes: Sequence[Sequence[int]]) -> list[Any]:
+                  out_shapes: Sequence[Sequence[int]], out_dtypes: Sequence[Any] | None = None) -> list[Any]:
     """Call ``ref_prog`` on ``inputs`` and return its outputs as a list.
 
     A reference that raises, returns ``None``, or returns a different number or shape of outputs
-    than the kernel has is the problem's fault, not any candidate's: that is a
-    :class:`TuningInputError` naming the reference and carrying its exception.
+    than the kernel has, a floating output for an integer or bool one (or the reverse), or a floating
+    output with no finite value (all NaN: every NaN-producing kernel would match it, and no other) is
+    the problem's fault, not any candidate's: that is a :class:`TuningInputError` naming the reference.
     """
     name = getattr(ref_prog, "__qualname__", None) or repr(ref_prog)
     shapes = [tuple(getattr(a, "shape", ())) for a in inputs]
@@ -271,7 +342,26 @@ def run_reference(ref_prog: Callable[..., Any], inputs: Sequence[Any], n_outputs
         if got != tuple(shape):
             raise TuningInputError(f"the reference program {name} returned output {j} of shape {got}, the kernel's "
                                    f"output has shape {tuple(shape)}; fix ref_prog or out_idx")
+    _check_reference_values(name, outs, out_dtypes)
     return outs
+
+
+def _check_reference_values(name: str, outs: Sequence[Any], out_dtypes: Sequence[Any] | None) -> None:
+    """See :func:`run_reference`: a reference whose outputs cannot tell a right kernel from a wrong one."""
+    import torch
+
+    for j, o in enumerate(outs):
+        t = o if isinstance(o, torch.Tensor) else torch.as_tensor(o)
+        want = out_dtypes[j] if out_dtypes is not None and j < len(out_dtypes) else None
+        if want is not None and t.is_floating_point() != want.is_floating_point:
+            raise TuningInputError(
+                f"the reference program {name} returned output {j} as {t.dtype}, the kernel's output is {want}; "
+                f"return the same kind of values (floating or integer), e.g. `.to({want})`")
+        if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).any()):
+            what = "NaN" if bool(torch.isnan(t).all()) else "NaN or infinite"
+            raise TuningInputError(
+                f"the reference program {name} returned output {j} with every element {what}: no kernel can be "
+                f"checked against it (a kernel producing NaN would pass); fix ref_prog, or pass skip_check=True")
 
 
 def same_bits(a: Any, b: Any) -> bool:

@@ -160,8 +160,14 @@ class _KeepFilenames:
 
 
 def elaborate_config(kernel: Callable[..., Any], config: dict[str, Any]) -> Any:
-    """The PrimFunc ``kernel`` elaborates to for ``config`` (its own ``pass_configs`` left out)."""
-    return kernel(**split_config(config)[0])
+    """The PrimFunc ``kernel`` elaborates to for ``config`` (its own ``pass_configs`` left out). A factory
+    that returns something else (``None``: a missing ``return``) is named, as this config's error."""
+    func = kernel(**split_config(config)[0])
+    if not hasattr(func, "script"):  # TVM's PrimFunc (and IRModule) print themselves; nothing else here does
+        name = getattr(kernel, "__qualname__", None) or repr(kernel)
+        raise TypeError(f"the kernel factory {name} returned {type(func).__name__} ({func!r:.80}) for this config, "
+                        f"not a T.prim_func; it must end with `return main` (the @T.prim_func it defines)")
+    return func
 
 
 def build(kernel: Callable[..., Any], config: dict[str, Any], target_spec: Any,

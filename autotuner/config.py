@@ -106,6 +106,8 @@ def normalize_configs(kernel: Callable[..., Any], configs: Iterable[Mapping[str,
                     f"configs[{i}] has unknown key {k!r}: {kernel_name(kernel)} accepts "
                     f"{sorted(accepted)}; fix the key or add the parameter to the kernel"
                 )
+            if type(v).__module__ == "numpy" and hasattr(v, "item") and getattr(v, "ndim", None) == 0:
+                v = cfg[k] = v.item()  # numpy scalars (np.int64 from np.arange, np.bool_) as Python's own
             if not isinstance(v, _JSON_SCALARS):
                 raise TypeError(
                     f"configs[{i}][{k!r}] = {v!r} is a {type(v).__name__}; config values must be "

@@ -127,8 +127,8 @@ def _key(args: tuple, kwargs: dict[str, Any], inputs: AutotuneInputs | None) -> 
 
 def autotune(func: Callable[..., Any] | None = None, *, configs: Any, warmup: int = 25, rep: int = 100,
              timeout: float | None = 100, supply_type: Any = None, ref_prog: Callable[..., Any] | None = None,
-             supply_prog: Callable[..., Any] | None = None, rtol: float = 1e-2, atol: float = 1e-2,
-             max_mismatched_ratio: float = 0.0, skip_check: bool = False,
+             supply_prog: Callable[..., Any] | None = None, rtol: float | None = None,
+             atol: float | None = None, max_mismatched_ratio: float = 0.0, skip_check: bool = False,
              manual_check_prog: Callable[..., Any] | None = None, cache_input_tensors: bool = False,
              do_not_specialize: Any = None, early_stop: bool = False,
              early_stop_factor: float = 2.0) -> Callable[[Any], AutoTuneImpl]:

@@ -35,8 +35,8 @@ class _Rule:
 
 
 _RULES: dict[str, _Rule] = {
-    "atol": _Rule("number", lo=0, hint="an absolute tolerance such as 1e-2"),
-    "rtol": _Rule("number", lo=0, hint="a relative tolerance such as 1e-2"),
+    "atol": _Rule("number", lo=0, optional=True, hint="an absolute tolerance such as 1e-2, or None for the default"),
+    "rtol": _Rule("number", lo=0, optional=True, hint="a relative tolerance such as 1e-2, or None for the default"),
     "max_mismatched_ratio": _Rule("number", lo=0, hi=1, hint="the fraction of elements allowed to differ, 0 to 1"),
     "compile_timeout": _Rule("number", lo=0, lo_open=True, hint="seconds, e.g. 300"),
     "run_timeout": _Rule("number", lo=0, lo_open=True, hint="seconds, e.g. 120"),
@@ -171,8 +171,8 @@ class CheckSettings:
     supply_type: Any = None  # a check.SupplyType
     ref_prog: Callable[..., Any] | None = None
     skip_check: bool = False
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    atol: float | None = None  # None: check.DEFAULT_TOL scaled to each output (check.tolerances)
+    rtol: float | None = None  # None: check.DEFAULT_TOL
     max_mismatched_ratio: float = 0.0
     reset_to_zero: tuple[int | str, ...] = ()
     restore_value: tuple[int | str, ...] = ()

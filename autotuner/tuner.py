@@ -101,14 +101,19 @@ class TunedKernel:
         self._specs = [(list(map(int, p.shape)), p.dtype) for p in jit_kernel.params]
 
     def __call__(self, *args: Any) -> Any:
+        import torch
+
         n = len(self._specs)
         n_in = n - len(self.out_idx) + len(self._inout)
+        for i, a in enumerate(args):  # TileLang's C-target adapter takes None for a tensor and crashes the process
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"argument {i} is {type(a).__name__} ({a!r:.60}), not a torch.Tensor; the kernel "
+                                f"takes {n_in} input tensors (or all {n} buffers)")
         if len(args) == n and n != n_in:
             self.jit_kernel(*args)
             return None
         if len(args) != n_in:
             raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
-        import torch
 
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device(self._device))
         it = iter(args)
@@ -134,6 +139,8 @@ class TunedKernel:
         return TunedProfiler.of(self, tensor_supply_type)
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "jit_kernel":  # copy/pickle probe a bare instance: no recursion
+            raise AttributeError(name)
         return getattr(self.jit_kernel, name)
 
 
@@ -255,9 +262,15 @@ class AutoTuner:
         """
         return cls(kernel, configs, validate)
 
+    def _update_check(self, **given: Any) -> None:
+        """The check settings with the arguments given (not ``None``) replaced and the rest kept, whichever
+        setter set them, so the setters may come in any order and neither undoes the other's."""
+        self.check_settings = replace(self.check_settings, **{k: v for k, v in given.items() if v is not None})
+
     def set_compile_args(self, out_idx: Any = None, target: Any = "auto", supply_type: Any = None,
-                         ref_prog: Callable[..., Any] | None = None, skip_check: bool = False,
-                         atol: float = 1e-2, rtol: float = 1e-2, max_mismatched_ratio: float = 0.0,
+                         ref_prog: Callable[..., Any] | None = None, skip_check: bool | None = None,
+                         atol: float | None = None, rtol: float | None = None,
+                         max_mismatched_ratio: float | None = None,
                          compile_timeout: float = 300.0, pass_configs: dict[str, Any] | None = None,
                          reset_to_zero: Iterable[int | str] | None = None,
                          restore_value: Iterable[int | str] | None = None, execution_backend: str | None = None,
@@ -275,7 +288,10 @@ class AutoTuner:
         * ``skip_check``: do not compare with ``ref_prog`` (outputs are still checked for NaN).
         * ``atol``, ``rtol``, ``max_mismatched_ratio``: an element passes if
           ``|out - ref| <= atol + rtol*|ref|``; a candidate passes if the fraction of failing
-          elements is at most ``max_mismatched_ratio`` (default 0: none).
+          elements of each output is at most ``max_mismatched_ratio`` (default 0: none). Left unset,
+          ``rtol`` is 1e-2 and ``atol`` 1e-2 scaled down to outputs smaller than 1 (1e-2 times the
+          output's largest reference value), and integer and bool outputs must be equal
+          (:func:`.check.tolerances`).
         * ``compile_timeout``: seconds before one candidate's compile is killed; also the bound on
           elaborating a config in this process.
         * ``pass_configs``: TileLang pass configs for every candidate.
@@ -287,8 +303,10 @@ class AutoTuner:
         * TileLang's ``execution_backend`` (``"auto"`` or ``None`` only), ``target_host`` (``None``
           only) and ``verbose`` (no effect) are accepted so that TileLang code runs unchanged.
 
-        A ``ref_prog``, ``supply_type``, ``supply_prog`` or ``manual_check_prog`` set before by
-        :meth:`set_profile_args` is kept unless given here, so the two setters may come in either order.
+        Every check argument set before by either setter (``out_idx``, ``ref_prog``, ``supply_type``,
+        ``skip_check``, ``atol``, ``rtol``, ``max_mismatched_ratio``, ``reset_to_zero``,
+        ``restore_value``, and :meth:`set_profile_args`' ``supply_prog`` and ``manual_check_prog``) is
+        kept unless given again, so the two setters may come in either order.
         """
         if execution_backend not in (None, "auto") or target_host is not None:
             raise NotImplementedError(f"execution_backend={execution_backend!r}, target_host={target_host!r}: "
@@ -296,19 +314,17 @@ class AutoTuner:
                                       "leave both unset")
         if verbose is not None:
             check_setting("skip_check", verbose)  # a bool, like every flag
-        c = self.check_settings
-        self.check_settings = CheckSettings(out_idx, supply_type if supply_type is not None else c.supply_type,
-                                            ref_prog if ref_prog is not None else c.ref_prog, skip_check, atol, rtol,
-                                            max_mismatched_ratio, reset_to_zero, restore_value, c.supply_prog,
-                                            c.manual_check_prog)
+        self._update_check(out_idx=out_idx, supply_type=supply_type, ref_prog=ref_prog, skip_check=skip_check,
+                           atol=atol, rtol=rtol, max_mismatched_ratio=max_mismatched_ratio,
+                           reset_to_zero=reset_to_zero, restore_value=restore_value)
         self.compile_settings = CompileSettings("auto" if target is None else target, compile_timeout, pass_configs)
         return self
 
     def set_profile_args(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,
                          supply_type: Any = None, ref_prog: Callable[..., Any] | None = None,
-                         supply_prog: Callable[..., Any] | None = None, rtol: float = 1e-2, atol: float = 1e-2,
-                         max_mismatched_ratio: float = 0.0, skip_check: bool = False,
-                         manual_check_prog: Callable[..., Any] | None = None,
+                         supply_prog: Callable[..., Any] | None = None, rtol: float | None = None,
+                         atol: float | None = None, max_mismatched_ratio: float | None = None,
+                         skip_check: bool | None = None, manual_check_prog: Callable[..., Any] | None = None,
                          cache_input_tensors: bool = False, backend: str = "event") -> AutoTuner:
         """TileLang's signature. ``warmup``/``rep`` (counts) become :meth:`run`'s defaults,
         ``timeout`` becomes ``compile_timeout``; the check arguments mean what they mean in
@@ -329,11 +345,9 @@ class AutoTuner:
             raise ValueError(f"backend={backend!r}: tilecarve times with {list(TIMING_BACKENDS)}")
         warmup, rep = check_setting("warmup", warmup), check_setting("rep", rep)
         check_setting("cache_input_tensors", cache_input_tensors)  # inputs are always made once per run
-        c = self.check_settings
-        self.check_settings = replace(c, supply_type=supply_type, skip_check=skip_check, atol=atol, rtol=rtol,
-                                      max_mismatched_ratio=max_mismatched_ratio,
-                                      ref_prog=ref_prog if ref_prog is not None else c.ref_prog,
-                                      supply_prog=supply_prog, manual_check_prog=manual_check_prog)
+        self._update_check(supply_type=supply_type, skip_check=skip_check, atol=atol, rtol=rtol,
+                           max_mismatched_ratio=max_mismatched_ratio, ref_prog=ref_prog, supply_prog=supply_prog,
+                           manual_check_prog=manual_check_prog)
         self._use_captured_inputs()
         if timeout is not None:
             self.compile_settings = replace(self.compile_settings, compile_timeout=check_setting("timeout", timeout))

@@ -79,7 +79,9 @@ class TuneOptions:
       (an exhaustive baseline may want TileLang's behaviour: try everything).
     * ``target``: ``"auto"``, ``"cuda"``, ``"c"``, an arch such as ``"sm_90a"`` (compile-only), a dict
       such as ``{"kind": "cuda", "arch": "sm_90a"}`` or a ``tvm.target.Target``; resolved once.
-    * ``supply_type``, ``atol``, ``rtol``: how inputs are made and outputs compared (no mismatch allowed).
+    * ``supply_type``, ``atol``, ``rtol``: how inputs are made and outputs compared (no mismatch allowed);
+      ``None``: the autotuner's defaults, 1e-2 each, with ``atol`` scaled down to outputs smaller than 1
+      (``autotuner.check.tolerances``).
     * ``compile_timeout``: seconds one candidate's compile may take.
     * ``warmup``, ``rep``: numbers of calls (not ms) when timing.
     * ``n_jobs``, ``cache``, ``progress``, ``timing``: as in ``AutoTuner.set_tuning``.
@@ -93,8 +95,8 @@ class TuneOptions:
     validate_configs: bool = True
     target: Any = "auto"
     supply_type: Any = None
-    atol: float = 1e-2
-    rtol: float = 1e-2
+    atol: float | None = None
+    rtol: float | None = None
     compile_timeout: float = 120.0
     warmup: int = 3
     rep: int = 20

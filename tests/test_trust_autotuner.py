@@ -811,3 +811,183 @@ def test_a_context_broken_by_the_reference_is_the_problems_error_not_a_candidate
     with pytest.raises(TuningInputError, match="ref_prog raised"):
         tuner(add, [dict(block_M=16), dict(block_M=32)], isolate=True).set_tuning(n_jobs=1, progress=False,
                                                                                cache=False).run(1, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the check's tolerances: per output, per dtype, per scale; the setters in either order
+
+
+def test_integer_outputs_must_equal_the_reference_by_default():
+    """A tolerance of 1e-2 + 1e-2*|ref| passed 5005 for 5000; integers are exact unless a tolerance is given."""
+    from kernels.trust_kernels import affine
+
+    ref = lambda A, B: A * 1000 + B  # noqa: E731
+    ok = tuner(affine, [dict()], ref_prog=ref, supply_type="integer").run(1, 3)
+    assert [t.status for t in ok.trials] == [Status.OK]
+    with pytest.raises(TuningError, match=r"mismatch.*atol=0, rtol=0"):
+        tuner(affine, [dict(extra=1)], ref_prog=ref, supply_type="integer").run(1, 3)
+    # a tolerance given is used as given (|A| <= 2 on integer supply)
+    loose = tuner(affine, [dict(extra=1)], ref_prog=ref, supply_type="integer", atol=2, rtol=0).run(1, 3)
+    assert [t.status for t in loose.trials] == [Status.OK]
+
+
+def test_the_default_atol_scales_down_to_small_outputs():
+    """A fixed atol of 1e-2 passed a kernel writing zeros against a reference of 1e-3 values."""
+    from kernels.trust_kernels import small_sum
+
+    from autotuner.check import compare, tolerances
+
+    ref = lambda A, B: (A + B) * 1e-3  # noqa: E731
+    assert [t.status for t in tuner(small_sum, [dict()], ref_prog=ref).run(1, 3).trials] == [Status.OK]
+    with pytest.raises(TuningError, match="mismatch"):
+        tuner(small_sum, [dict(zero=True)], ref_prog=ref).run(1, 3)
+    r = torch.tensor([1e-3, -4e-3, float("nan")])
+    assert tolerances(r, r, None, None) == pytest.approx((4e-5, 1e-2))
+    assert tolerances(r * 1e4, r * 1e4, None, None) == pytest.approx((1e-2, 1e-2))  # large outputs: as before
+    assert tolerances(r, r, 0.5, None) == pytest.approx((0.5, 1e-2))  # given: as given
+    assert not compare([torch.zeros(3)], [torch.tensor([1e-3, 2e-3, 3e-3])], None, None, 0.0).ok
+    assert compare([torch.zeros(3)], [torch.tensor([1e-3, 2e-3, 3e-3])], 1e-2, None, 0.0).ok  # the user's choice
+
+
+def test_the_mismatch_ratio_bounds_each_output_not_the_pool():
+    """One wrong element of a one-element output hid behind 4096 right ones with max_mismatched_ratio=0.01."""
+    from kernels.trust_kernels import add_and_corner
+
+    ref = lambda A, B: (A + B, A[0, 0].reshape(1))  # noqa: E731
+    ok = tuner(add_and_corner, [dict()], out_idx=[-2, -1], ref_prog=ref, max_mismatched_ratio=0.01).run(1, 3)
+    assert [t.status for t in ok.trials] == [Status.OK]
+    with pytest.raises(TuningError, match="output 1: 1/1 mismatched"):
+        tuner(add_and_corner, [dict(wrong_corner=True)], out_idx=[-2, -1], ref_prog=ref,
+              max_mismatched_ratio=0.01).run(1, 3)
+
+
+@pytest.mark.parametrize("ref,match", [
+    (lambda A, B: A * float("nan"), "every element NaN"),
+    (lambda A, B: torch.where(A > 0, float("inf"), float("nan")) + B * 0, "every element NaN or infinite"),
+    (lambda A, B: (A + B).to(torch.int32), "as torch.int32, the kernel's output is torch.float32"),
+])
+def test_a_reference_that_cannot_check_anything_is_an_input_error(ref, match):
+    with pytest.raises(TuningInputError, match=match):
+        tuner(add, [dict()], ref_prog=ref).run(1, 3)
+
+
+@pytest.mark.parametrize("how", ["no reference", "skip_check"])
+def test_unwritten_integer_outputs_are_caught_without_a_reference(how):
+    """Without a reference only NaN was looked for, so an integer output half written passed; an element
+    holding the first poison after one run and the second after the other was never written."""
+    args = dict(ref_prog=None) if how == "no reference" else dict(skip_check=True)
+    ok = (AutoTuner.from_kernel(tril, [dict(dtype="int32")]).set_compile_args(out_idx=[-1], target="c", **args)
+          .set_tuning(n_jobs=1, isolate=False, progress=False).run(1, 3))
+    assert [t.status for t in ok.trials] == [Status.OK]
+    with pytest.raises(TuningError, match="never written"):
+        (AutoTuner.from_kernel(tril, [dict(dtype="int32", skip_zeros=True)])
+         .set_compile_args(out_idx=[-1], target="c", **args).set_tuning(n_jobs=1, isolate=False, progress=False)
+         .run(1, 3))
+
+
+@pytest.mark.parametrize("order", ["compile first", "profile first"])
+def test_the_setters_in_either_order_keep_each_others_check_arguments(order):
+    """Each setter rebuilt atol, rtol, supply_type... from its own defaults, undoing the other's."""
+    t = AutoTuner.from_kernel(add, [dict()])
+    compile_args = dict(out_idx=[-1], target="c", atol=0.0, rtol=0.0, supply_type="integer", restore_value=[0])
+    profile_args = dict(warmup=1, rep=3, ref_prog=ref_add, max_mismatched_ratio=0.25)
+    if order == "compile first":
+        t.set_compile_args(**compile_args).set_profile_args(**profile_args)
+    else:
+        t.set_profile_args(**profile_args).set_compile_args(**compile_args)
+    c = t.check_settings
+    assert (c.atol, c.rtol, c.max_mismatched_ratio, c.ref_prog, c.restore_value) == (0.0, 0.0, 0.25, ref_add, (0,))
+    assert c.supply_type.name.lower() == "integer" and c.out_idx == (-1,)
+    t.set_profile_args(atol=1e-3)  # given again: replaced, the rest kept
+    assert (t.check_settings.atol, t.check_settings.rtol) == (1e-3, 0.0)
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_factory_that_returns_no_prim_func_is_named_as_that_configs_error(isolate):
+    """It was "'NoneType' object has no attribute 'script'"; now the factory and the fix are named, and the
+    configs that do return one are tuned."""
+    from kernels.trust_kernels import add_forgetting_return
+
+    result = tuner(add_forgetting_return, [dict(forget=True), dict()], isolate=isolate).run(1, 3)
+    bad = [t for t in result.trials if t.config == dict(forget=True)]
+    assert [t.status for t in result.trials if t.config == {}] == [Status.OK]
+    assert bad and bad[0].status == Status.COMPILE_ERROR, bad
+    assert "add_forgetting_return returned NoneType" in bad[0].error and "return main" in bad[0].error
+
+
+def test_numpy_config_values_are_taken_as_python_values():
+    import numpy as np
+
+    from autotuner.config import normalize_configs
+
+    (cfg,) = normalize_configs(None, [dict(block_M=np.int64(32), enable=np.bool_(True), x=np.float32(0.5))])
+    assert cfg == dict(block_M=32, enable=True, x=0.5)
+    assert [type(v) for v in cfg.values()] == [int, bool, float]
+    result = tuner(add, [dict(block_M=np.int64(16))]).run(1, 3)
+    assert [t.status for t in result.trials] == [Status.OK] and type(result.config["block_M"]) is int
+
+
+def test_a_kernel_writing_its_last_argument_without_out_idx_is_told_to_pass_out_idx():
+    with pytest.raises(TuningError, match=r"out_idx names no output; pass the outputs' indices, e.g. out_idx=\[-1\]"):
+        (AutoTuner.from_kernel(add, [dict()]).set_compile_args(target="c")
+         .set_tuning(n_jobs=1, isolate=False, progress=False).run(1, 3))
+
+
+def test_a_reference_slower_than_run_timeout_is_named_in_the_timeout():
+    """The first candidate of a measuring process also runs and times the reference: a slow reference made
+    every config time out, blamed on the kernels alone."""
+
+    def slow_ref(A, B):
+        time.sleep(3)
+        return A + B
+
+    with pytest.raises(TuningError) as e:
+        (AutoTuner.from_kernel(add, [dict()]).set_compile_args(out_idx=[-1], target="c", ref_prog=slow_ref)
+         .set_tuning(n_jobs=1, isolate=True, progress=False, run_timeout=1.5).run(1, 3))
+    assert "reference program (ref_prog)" in str(e.value) and "run_timeout" in str(e.value), str(e.value)
+
+
+def test_a_tuned_kernel_refuses_what_is_not_a_tensor_and_copies_and_pickles():
+    """None for a tensor crashed the process (TileLang's C adapter); copy and pickle recursed forever."""
+    import copy
+    import pickle
+
+    k = tuner(add, [dict()]).run(1, 3).kernel
+    A = torch.randn(*k._specs[0][0])
+    with pytest.raises(TypeError, match="argument 1 is NoneType"):
+        k(A, None)
+    with pytest.raises(TypeError, match="argument 2 is NoneType"):
+        k(A, A, None)
+    assert torch.equal(copy.copy(k)(A, A), A + A)
+    with pytest.raises(Exception) as e:  # a compiled library does not pickle; it must say so, not recurse
+        pickle.dumps(k)
+    assert not isinstance(e.value, RecursionError)
+
+
+def test_tensors_that_disagree_on_a_shared_symbolic_dimension_are_refused():
+    from types import SimpleNamespace as NS
+
+    from autotuner.check import check_shared_dims
+
+    class Var:  # a tir.Var stands in: named, no value
+        def __init__(self, name):
+            self.name = name
+
+        def __str__(self):
+            return self.name
+
+    params = [NS(shape=[Var("M"), 64]), NS(shape=[Var("M"), 64]), NS(shape=[Var("M"), 64])]
+    check_shared_dims(params, [torch.empty(8, 64)] * 3)
+    with pytest.raises(ValueError, match="argument 1 has 4 in dimension 0 and argument 0 8 in dimension 0.*size M"):
+        check_shared_dims(params, [torch.empty(8, 64), torch.empty(4, 64), torch.empty(8, 64)])
+
+
+def test_a_symbolic_kernel_on_the_c_target_refuses_tensors_that_disagree_on_m(tmp_path):
+    """TileLang's C adapter bound M from A and read 64 rows of an 8-row B (garbage, silently)."""
+    from kernels.keyed_kernels import make_keyed
+
+    kk = make_keyed(db_path=str(tmp_path / "db.sqlite"))
+    A = torch.ones(64, 64)
+    torch.testing.assert_close(kk(A, torch.ones(64, 64)), torch.full((64, 64), 3.0))
+    with pytest.raises(ValueError, match="argument 1 has 8 in dimension 0 and argument 0 64"):
+        kk(A, torch.ones(8, 64))

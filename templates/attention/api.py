@@ -60,7 +60,8 @@ def tuner(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None =
           dtype: str = "float16", topk: int = _DEFAULTS.topk, arch: Any = _DEFAULTS.arch,
           configs: Iterable[Mapping[str, Any]] | None = _DEFAULTS.configs, variants: bool = _DEFAULTS.variants,
           validate_configs: bool = _DEFAULTS.validate_configs, target: Any = _DEFAULTS.target,
-          supply_type: Any = _DEFAULTS.supply_type, atol: float = _DEFAULTS.atol, rtol: float = _DEFAULTS.rtol,
+          supply_type: Any = _DEFAULTS.supply_type, atol: float | None = _DEFAULTS.atol,
+          rtol: float | None = _DEFAULTS.rtol,
           compile_timeout: float = _DEFAULTS.compile_timeout, timing: str = _DEFAULTS.timing) -> Any:
     """The configured :class:`autotuner.AutoTuner` that :func:`tune` runs (``ATTENTION.tuner``)."""
     options = TuneOptions(topk=topk, arch=arch, configs=configs, variants=variants,
@@ -74,7 +75,8 @@ def tune(batch: int, heads: int, seq_len: int, dim: int, kv_heads: int | None = 
          warmup: int = _DEFAULTS.warmup, rep: int = _DEFAULTS.rep,
          configs: Iterable[Mapping[str, Any]] | None = _DEFAULTS.configs, variants: bool = _DEFAULTS.variants,
          validate_configs: bool = _DEFAULTS.validate_configs, target: Any = _DEFAULTS.target,
-         supply_type: Any = _DEFAULTS.supply_type, atol: float = _DEFAULTS.atol, rtol: float = _DEFAULTS.rtol,
+         supply_type: Any = _DEFAULTS.supply_type, atol: float | None = _DEFAULTS.atol,
+         rtol: float | None = _DEFAULTS.rtol,
          compile_timeout: float = _DEFAULTS.compile_timeout, timing: str = _DEFAULTS.timing) -> Callable[..., Any]:
     """Tune attention on the local GPU from the carver's top ``topk`` and return the fastest checked
     kernel, ``O = k(Q, K, V)``; cached like every family."""

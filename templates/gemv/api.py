@@ -54,7 +54,8 @@ def tuner(M: int, N: int, K: int, dtype: str = "float16", out_dtype: str | None 
           topk: int = _DEFAULTS.topk, arch: Any = _DEFAULTS.arch,
           configs: Iterable[Mapping[str, Any]] | None = _DEFAULTS.configs,
           validate_configs: bool = _DEFAULTS.validate_configs, target: Any = _DEFAULTS.target,
-          supply_type: Any = _DEFAULTS.supply_type, atol: float = _DEFAULTS.atol, rtol: float = _DEFAULTS.rtol,
+          supply_type: Any = _DEFAULTS.supply_type, atol: float | None = _DEFAULTS.atol,
+          rtol: float | None = _DEFAULTS.rtol,
           compile_timeout: float = _DEFAULTS.compile_timeout, timing: str = _DEFAULTS.timing) -> Any:
     """The configured :class:`autotuner.AutoTuner` that :func:`tune` runs (``GEMV.tuner``)."""
     options = TuneOptions(topk=topk, arch=arch, configs=configs, validate_configs=validate_configs, target=target,
@@ -67,7 +68,8 @@ def tune(M: int, N: int, K: int, dtype: str = "float16", out_dtype: str | None =
          topk: int = _DEFAULTS.topk, arch: Any = _DEFAULTS.arch, warmup: int = _DEFAULTS.warmup,
          rep: int = _DEFAULTS.rep, configs: Iterable[Mapping[str, Any]] | None = _DEFAULTS.configs,
          validate_configs: bool = _DEFAULTS.validate_configs, target: Any = _DEFAULTS.target,
-         supply_type: Any = _DEFAULTS.supply_type, atol: float = _DEFAULTS.atol, rtol: float = _DEFAULTS.rtol,
+         supply_type: Any = _DEFAULTS.supply_type, atol: float | None = _DEFAULTS.atol,
+         rtol: float | None = _DEFAULTS.rtol,
          compile_timeout: float = _DEFAULTS.compile_timeout, timing: str = _DEFAULTS.timing) -> Callable[..., Any]:
     """Tune ``y = x @ W.T`` on the local GPU from the carver's top ``topk`` and return the fastest checked
     kernel, ``y = k(x, W)``; cached like every family. Without a GPU: ``CUDAUnavailableError``."""

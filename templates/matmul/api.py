@@ -103,8 +103,8 @@ def tuner(
     validate_configs: bool = _DEFAULTS.validate_configs,
     target: Any = _DEFAULTS.target,
     supply_type: Any = _DEFAULTS.supply_type,
-    atol: float = _DEFAULTS.atol,
-    rtol: float = _DEFAULTS.rtol,
+    atol: float | None = _DEFAULTS.atol,
+    rtol: float | None = _DEFAULTS.rtol,
     compile_timeout: float = _DEFAULTS.compile_timeout,
 ) -> Any:
     """The configured :class:`autotuner.AutoTuner` that :func:`tune` runs (for callers that want the full
@@ -148,8 +148,8 @@ def tune(
     validate_configs: bool = _DEFAULTS.validate_configs,
     target: Any = _DEFAULTS.target,
     supply_type: Any = _DEFAULTS.supply_type,
-    atol: float = _DEFAULTS.atol,
-    rtol: float = _DEFAULTS.rtol,
+    atol: float | None = _DEFAULTS.atol,
+    rtol: float | None = _DEFAULTS.rtol,
     compile_timeout: float = _DEFAULTS.compile_timeout,
 ) -> Callable[..., Any]:
     """Tune ``C = op(A) @ op(B)`` on the local GPU and return the fastest checked kernel: ``C = k(A, B)``.

@@ -164,3 +164,59 @@ def add_helper_work(block_M: int = 16, work: int = 1):
                     C[by * block_M + i, j] = A[by * block_M + i, j] + B[by * block_M + i, j] + bias + w * 0.0
 
     return main
+
+
+def affine(block_M: int = 32, dtype: str = "int32", scale: int = 1000, extra: int = 0):
+    """C = A * scale + B + extra * A: with extra=1 off the reference A * scale + B by A (0.1% for scale=1000)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                C[by * block_M + i, j] = (A[by * block_M + i, j] * T.cast(scale, dtype) + B[by * block_M + i, j]
+                                          + A[by * block_M + i, j] * T.cast(extra, dtype))
+
+    return main
+
+
+def small_sum(block_M: int = 32, zero: bool = False):
+    """C = (A + B) * 1e-3, values of about 1e-3; zero=True writes 0 everywhere instead."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                if zero:
+                    C[by * block_M + i, j] = T.float32(0)
+                else:
+                    C[by * block_M + i, j] = (A[by * block_M + i, j] + B[by * block_M + i, j]) * T.float32(1e-3)
+
+    return main
+
+
+def add_and_corner(block_M: int = 32, wrong_corner: bool = False):
+    """Two outputs: C = A + B (4096 elements) and D = A[0, 0] (one element), or A[0, 0] + 1 if wrong_corner."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32"),
+             D: T.Tensor((1,), "float32")):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                C[by * block_M + i, j] = A[by * block_M + i, j] + B[by * block_M + i, j]
+            if by == 0:
+                D[0] = A[0, 0] + (T.float32(1) if wrong_corner else T.float32(0))
+
+    return main
+
+
+def add_forgetting_return(block_M: int = 32, forget: bool = False):
+    """C = A + B, except that forget=True falls off the end without returning the PrimFunc (None)."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), C: T.Tensor((M, N), "float32")):
+        with T.Kernel(1, T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, N):
+                C[by * block_M + i, j] = A[by * block_M + i, j] + B[by * block_M + i, j]
+
+    if not forget:
+        return main
