@@ -52,9 +52,16 @@ class Buckets:
         edges = [1 << i for i in range(top.bit_length()) if 1 << i < top]
         return cls((*edges, top))
 
-    def bucket(self, value: Any) -> int:
-        """The edge that stands for ``value``'s bucket: the smallest edge ``>= value``, else the last."""
-        v = _positive_int(value, "a bucketed key value")
+    def bucket(self, value: Any, key: str | None = None, kernel: str | None = None) -> int:
+        """The edge that stands for ``value``'s bucket: the smallest edge ``>= value``, else the last.
+        ``key`` and ``kernel`` name the value in the error a bad value raises."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            who = f"{kernel}: " if kernel else ""
+            what = f"key {key!r}" if key else "a bucketed key"
+            raise ValueError(f"{who}{what} is bucketed, so its value must be a positive int, got {value!r} of type "
+                             f"{type(value).__name__}; pass the size as an int >= 1 (e.g. x.shape[0]), or leave "
+                             f"{key or 'the key'} out of buckets= if it is not a size")
+        v = int(value)
         i = bisect.bisect_left(self.edges, v)
         return self.edges[min(i, len(self.edges) - 1)]
 
@@ -63,11 +70,11 @@ class Buckets:
 
 
 def as_buckets(name: str, spec: Any) -> Buckets:
-    """A key's bucketing from what a user writes: ``"pow2"`` (or ``True``), a :class:`Buckets`, or a list
-    of edges."""
+    """A key's bucketing from what a user writes: ``"pow2"`` (or ``True``), a :class:`Buckets`, or a sequence
+    of edges (a list, a tuple, a numpy array of ints)."""
     if isinstance(spec, Buckets):
         return spec
-    if spec is True or spec == "pow2":
+    if spec is True or isinstance(spec, str) and spec == "pow2":  # `spec == ...`: elementwise for a numpy array
         return Buckets.pow2()
     try:
         return Buckets(tuple(spec)) if isinstance(spec, Iterable) and not isinstance(spec, (str, bytes)) else \

@@ -24,6 +24,7 @@ import functools
 import hashlib
 import json
 import logging
+import numbers
 import threading
 import weakref
 from collections import Counter
@@ -46,6 +47,7 @@ _REGISTRY: weakref.WeakSet[KeyedKernel] = weakref.WeakSet()
 _LISTENERS: list[Callable[[KeyedKernel, dict[str, Any]], None]] = []
 _TABLE: list[TunedTable | None] = [None]  # the process-wide table (use_table)
 _SERVING_ONLY = ("reset_to_zero", "restore_value")
+_NO_SECTION_WARNED: set[tuple[str, str, str]] = set()  # (table path, created, kernel name), warned once
 
 
 def capturing() -> bool:
@@ -76,19 +78,43 @@ def _params(fn: Callable[..., Any]) -> list[str] | None:
     return [p.name for p in ps if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def _key_value(name: str, v: Any) -> Any:
+def _key_value(name: str, v: Any, kernel: str = "") -> Any:
     """A key value as stored: ints for sizes (numpy and torch ints too), "float16" for a torch dtype."""
     if isinstance(v, (bool, str)):
         return v
-    if hasattr(v, "is_floating_point") and type(v).__module__ == "torch":  # torch.dtype
-        return str(v).removeprefix("torch.")
+    module = type(v).__module__ or ""
+    if module == "torch" or module.startswith("torch."):
+        import torch
+
+        if isinstance(v, torch.dtype):
+            return str(v).removeprefix("torch.")
+        if isinstance(v, torch.Tensor):  # it has is_floating_point too: once taken for a dtype, "tensor(64)"
+            raise TypeError(f"{kernel + ': ' if kernel else ''}key {name!r} is a tensor ({v!r}); key values must be "
+                            "ints, strings, bools or torch dtypes: pass an int, e.g. x.shape[0] (or int(t) for a "
+                            "one-element tensor) in key_of")
     try:
         if int(v) == v:
             return int(v)
     except (TypeError, ValueError):
         pass
-    raise TypeError(f"key {name!r} has value {v!r} of type {type(v).__name__}; key values must be ints, strings, "
-                    "bools or torch dtypes")
+    raise TypeError(f"{kernel + ': ' if kernel else ''}key {name!r} has value {v!r} of type {type(v).__name__}; key "
+                    "values must be ints, strings, bools or torch dtypes")
+
+
+def _ident(values: Iterable[Any]) -> tuple:
+    """Key values as a dict key that tells a bool from an int (``True == 1`` and hash alike): a bool becomes
+    ``("bool", value)`` (key values are never tuples); :func:`_values` undoes it."""
+    return tuple(("bool", v) if v.__class__ is bool else v for v in values)
+
+
+def _values(ident: tuple) -> tuple:
+    return tuple(v[1] if v.__class__ is tuple else v for v in ident)
+
+
+def _bool_like(v: Any) -> bool:
+    """Could ``v`` equal a bool in a dict lookup (a 0 or a 1, or a bool)? Fast-path entries holding one check
+    the call's types on a hit; the others cannot be hit by a call with a bool, nor hold one."""
+    return isinstance(v, numbers.Number) and (v == 0 or v == 1)
 
 
 class KeyedKernel:
@@ -159,7 +185,7 @@ class KeyedKernel:
         self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
         self._untuned: dict[tuple, int] = {}
         # the call's own key values -> (kernel, its bucket if a fallback serves it), while nothing is recording
-        self._fast: dict[tuple, tuple[Any, tuple | None]] = {}
+        self._fast: dict[tuple, tuple[Any, tuple | None, tuple | None]] = {}  # + the call's types if bool-like
         self._section: tuple[TunedTable, KernelSection | None] | None = None
         self._source: str | None = None
         self._target: Any = None
@@ -182,12 +208,12 @@ class KeyedKernel:
         if not isinstance(key, Mapping) or len(key) != len(self.key) or any(k not in key for k in self.key):
             got = sorted(key) if isinstance(key, Mapping) else key
             raise ValueError(f"{self.name}: a key must have exactly the names {list(self.key)}, got {got!r}")
-        return {k: _key_value(k, key[k]) for k in self.key}
+        return {k: _key_value(k, key[k], self.name) for k in self.key}
 
     def _bucket(self, exact: dict[str, Any]) -> dict[str, Any]:
         out = dict(exact)
         for k, b in self.buckets.items():
-            out[k] = b.bucket(out[k])
+            out[k] = b.bucket(out[k], key=k, kernel=self.name)
         return out
 
     def source(self) -> str:
@@ -208,13 +234,13 @@ class KeyedKernel:
         """:meth:`kernel_for` with the key's values in the order of ``self.key`` (a caller on a hot path
         that already has them, e.g. the matmul op): the same kernel, the same counting, one dict fewer."""
         fast = self._fast.get(values) if not _LISTENERS else None
-        if fast is None:
+        if fast is None or fast[2] is not None and tuple(map(type, values)) != fast[2]:
             return self.kernel_for(dict(zip(self.key, values)))
         return self._served_fast(fast)
 
-    def _served_fast(self, fast: tuple[Any, tuple | None]) -> Any:
+    def _served_fast(self, fast: tuple[Any, tuple | None, tuple | None]) -> Any:
         """The kernel of a fast-path entry; a fallback is still counted per call (autotuner.untuned())."""
-        kernel, untuned = fast
+        kernel, untuned = fast[0], fast[1]
         if untuned is not None:
             with self._lock:
                 self._untuned[untuned] = self._untuned.get(untuned, 0) + 1
@@ -225,6 +251,8 @@ class KeyedKernel:
         try:
             raw = tuple(key[k] for k in self.key)
             fast = self._fast.get(raw) if not _LISTENERS and len(key) == len(self.key) else None
+            if fast is not None and fast[2] is not None and tuple(map(type, raw)) != fast[2]:
+                fast = None  # a bool where an int was stored, or the other way round: True == 1 in a dict
         except (KeyError, TypeError):  # a missing name or an unhashable value: the slow path says what is wrong
             fast = raw = None
         if fast is not None:
@@ -233,7 +261,7 @@ class KeyedKernel:
         b = self._bucket(exact)
         for listener in list(_LISTENERS):
             listener(self, b)
-        bt = tuple(b.values())
+        bt = _ident(b.values())
         chosen = self._chosen.get(bt)
         if chosen is None or chosen[1] == "fallback":
             with self._lock:
@@ -241,7 +269,7 @@ class KeyedKernel:
                 if chosen[1] == "fallback":
                     self._untuned[bt] = self._untuned.get(bt, 0) + 1
         self._check_beyond_edge(exact, b, chosen)
-        ck = tuple(b[k] if k in self.dynamic else exact[k] for k in self.key)
+        ck = _ident(b[k] if k in self.dynamic else exact[k] for k in self.key)
         hit = self._compiled.get(ck)
         if hit is not None and hit[0] is chosen[0]:
             return hit[1]
@@ -252,7 +280,8 @@ class KeyedKernel:
                 self._compiled[ck] = hit
             # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
             if raw is not None and self._chosen.get(bt) is chosen:
-                self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None)
+                self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
+                                   tuple(map(type, raw)) if any(map(_bool_like, raw)) else None)
         return hit[1]
 
     def _check_beyond_edge(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple) -> None:
@@ -270,11 +299,11 @@ class KeyedKernel:
         """``(config, where it came from)`` for ``key``, without compiling: table, database, tuned or fallback."""
         b = self.make_key(key)
         with self._lock:
-            chosen = self._chosen.get(tuple(b.values())) or self._choose(b)
+            chosen = self._chosen.get(_ident(b.values())) or self._choose(b)
         return dict(chosen[0]), chosen[1]
 
     def _choose(self, b: dict[str, Any]) -> tuple[dict[str, Any], str, float | None]:
-        bt = tuple(b.values())
+        bt = _ident(b.values())
         table, section = self._table_section()
         chosen: tuple[dict[str, Any], str, float | None] | None = None
         if table is not None:
@@ -312,10 +341,23 @@ class KeyedKernel:
         if self._section is None or self._section[0] is not table:
             section = self._check_table(table)
             if section is None:
-                logger.info("%s: the table %s has no section for this kernel; every key uses the fallback",
-                            self.name, table.path)
+                self._warn_no_section(table)
             self._section = (table, section)
         return self._section
+
+    def _warn_no_section(self, table: TunedTable) -> None:
+        """Warn once per (table, kernel) that ``table`` serves this kernel nothing, naming what it does hold."""
+        ident = (table.path, table.created, self.name)
+        if ident in _NO_SECTION_WARNED:
+            return
+        _NO_SECTION_WARNED.add(ident)
+        have = [f"{n} (key {list(s.key)})" for n, s in table.kernels.items()]
+        same = [n for n, s in table.kernels.items() if s.source == self.source()]
+        hint = (f"; its section {same[0]!r} has this kernel's source: was the kernel renamed? give it "
+                f"name={same[0]!r}" if same else "; record and tune this kernel and write a table that has it")
+        logger.warning("%s: the table %s has no section for this kernel (key %s), so every key of it uses the "
+                       "fallback; the table holds %s%s", self.name, table.path, list(self.key),
+                       ", ".join(have) or "no kernels", hint)
 
     def _compile(self, exact: dict[str, Any], config: dict[str, Any]) -> Any:
         import tilelang.language as T
@@ -323,9 +365,12 @@ class KeyedKernel:
         shape = {k: T.dynamic(k) if k in self.dynamic else exact[k] for k in self.key}
         kwargs, own = split_config(config)
         self.stats["compiles"] += 1
-        return tl_compile(self.fn(**shape, **kwargs), self.target().spec,
-                          merge_pass_configs(self.compile_args.get("pass_configs"), own),
-                          out_idx=self.compile_args.get("out_idx"))
+        jit = tl_compile(self.fn(**shape, **kwargs), self.target().spec,
+                         merge_pass_configs(self.compile_args.get("pass_configs"), own),
+                         out_idx=self.compile_args.get("out_idx"))
+        if self.dynamic and self.target().kind != "cuda":
+            return _SharedDimsChecked(jit)  # TileLang's C adapter does not check them: see the class
+        return jit
 
     def target(self) -> Any:
         """The resolved target (``compile_args["target"]``, default "auto"), resolved once."""
@@ -382,8 +427,8 @@ class KeyedKernel:
     def _adopt(self, b: dict[str, Any], result: Any) -> None:
         """Serve ``result``'s winner for bucket key ``b`` from now on."""
         with self._lock:
-            self._chosen[tuple(b.values())] = (result.config, "tuned", result.latency)
-            self._untuned.pop(tuple(b.values()), None)
+            self._chosen[_ident(b.values())] = (result.config, "tuned", result.latency)
+            self._untuned.pop(_ident(b.values()), None)
             self._fast.clear()
             self.stats["tuned"] += 1
 
@@ -417,17 +462,29 @@ class KeyedKernel:
 
     def section(self, keys: Iterable[Mapping[str, Any]] | None = None) -> KernelSection:
         """This kernel's table section for ``keys`` (default: every key met in this process): each key's
-        winner as served (tuned, table) or stored in the database; keys with neither are left out."""
-        bs = [self.make_key(k) for k in keys] if keys is not None else [dict(zip(self.key, bt)) for bt in self._chosen]
+        winner as served (tuned, table) or stored in the database; keys with neither are left out. An entry
+        served from a loaded table keeps that table's provenance (``Entry.origin``), so that
+        :func:`~.table.write_table` refuses to stamp an entry of a table loaded with ``allow=`` as tuned here."""
+        bs = ([self.make_key(k) for k in keys] if keys is not None
+              else [dict(zip(self.key, _values(bt))) for bt in self._chosen])
         entries, seen = [], set()
         for b in bs:
-            bt = tuple(b.values())
+            bt = _ident(b.values())
             if bt in seen:
                 continue
             seen.add(bt)
             chosen = self._chosen.get(bt)
             if chosen is not None and chosen[1] != "fallback":
-                entries.append(Entry(b, chosen[0], chosen[2]))
+                origin = None
+                if chosen[1] == "table":
+                    with self._lock:  # a table choice was made from the current section (use_table forgets them)
+                        section = self._section[1] if self._section is not None else None
+                    entry = section.lookup(b) if section is not None else None
+                    if entry is None:
+                        raise TableError(f"{self.name}: {b} was served from a table that is no longer in use; call "
+                                         "section() again")
+                    origin = entry.origin
+                entries.append(Entry(b, chosen[0], chosen[2], origin))
                 continue
             stored = self._stored(b)
             if stored is None:
@@ -439,7 +496,7 @@ class KeyedKernel:
 
     def untuned(self) -> list[tuple[dict[str, Any], int]]:
         """Keys served by the fallback in this process, with how many calls each served."""
-        return [(dict(zip(self.key, bt)), n) for bt, n in self._untuned.items()]
+        return [(dict(zip(self.key, _values(bt))), n) for bt, n in self._untuned.items()]
 
 
 def tune_keys(pairs: Iterable[tuple[KeyedKernel, Mapping[str, Any]]], *, progress: bool | None = None,
@@ -469,6 +526,30 @@ def tune_keys(pairs: Iterable[tuple[KeyedKernel, Mapping[str, Any]]], *, progres
 def keyed_kernel(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:
     """Decorator form: ``@keyed_kernel(["M", "N"], configs, key_of=...)`` over a kernel factory."""
     return lambda fn: KeyedKernel(fn, key, configs, **kwargs)
+
+
+class _SharedDimsChecked:
+    """A symbolic-shape kernel compiled for the C target, called only with tensors that agree on every
+    dimension their parameters share (:func:`.check.check_shared_dims`). TileLang's CUDA host code checks
+    that itself; its C-target adapter binds each symbolic size from the first tensor that has it and reads
+    past the end of a shorter one (C = A @ B with B shorter than A gave garbage, silently)."""
+
+    def __init__(self, jit: Any) -> None:
+        self.jit_kernel = jit
+        self._params = list(jit.params)
+
+    def __call__(self, *args: Any) -> Any:
+        from .check import check_shared_dims
+
+        params = self._params if len(args) == len(self._params) else [
+            p for i, p in enumerate(self._params) if i not in set(self.jit_kernel.out_idx or [])]
+        check_shared_dims(params, args)
+        return self.jit_kernel(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "jit_kernel":
+            raise AttributeError(name)
+        return getattr(self.jit_kernel, name)
 
 
 def use_table(table: TunedTable | str | Any | None, target: Any = "auto",

@@ -36,7 +36,7 @@ class Recording:
         self._lock = threading.Lock()
 
     def _note(self, kernel: KeyedKernel, key: dict[str, Any]) -> None:
-        ident = (id(kernel), tuple(key.values()))
+        ident = (id(kernel), keyed._ident(key.values()))  # N=True and N=1 are two keys
         if ident not in self.seen:
             with self._lock:
                 self.seen.setdefault(ident, (kernel, dict(key)))
@@ -54,7 +54,10 @@ class Recording:
         process, one progress bar over every candidate; stored winners are warm hits) and, given ``path``,
         write their table. A key that fails does not stop the others; the failures are raised once every
         key is done, and no table is written then. Refused inside CUDA-graph capture. Kernels in one table
-        must share one target. ``progress``: the bar (``None``: as the kernels' ``tuning_args`` say)."""
+        must share one target. ``progress``: the bar (``None``: as the kernels' ``tuning_args`` say).
+
+        Returns the path of the table written, or ``None`` when no ``path`` was given or nothing was
+        recorded (then no file is written, and a warning names the path)."""
         if keyed.capturing():
             raise TuningError("refusing to tune while a CUDA graph is being captured; call Recording.tune "
                               "outside the capture")
@@ -66,7 +69,11 @@ class Recording:
         logger.info("tuning %d recorded keys of %d kernels in one job", len(self.seen), len(kernels))
         self.results = []  # a tune that raises leaves none, not the previous tune's
         self.results = tune_keys(list(self.seen.values()), progress=progress)
-        if path is None or not kernels:
+        if path is not None and not kernels:
+            logger.warning("nothing was recorded (no keyed kernel was called inside autotuner.record()), so no "
+                           "table was written to %s; run the model inside the with-block, then call tune", path)
+            return None
+        if path is None:
             return None
         sections = [k.section([key for kk, key in self.seen.values() if kk is k]) for k in kernels]
         return write_table(path, sections, kernels[0].target())
