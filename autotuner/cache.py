@@ -1,7 +1,7 @@
 """The persistent tuning database (stdlib SQLite) and the key that decides a hit.
 
-Where: ``$TILECARVE_CACHE_DIR/tuning.sqlite``, else ``$XDG_CACHE_HOME/tilecarve/``, else
-``~/.cache/tilecarve/``. Never the working directory.
+Where: ``$TILECARVE_CACHE_DIR/tuning.sqlite``, else ``$XDG_CACHE_HOME/tilecarve/`` (an absolute one: the
+XDG spec ignores a relative value), else ``~/.cache/tilecarve/``. Never the working directory.
 
 What: one ``runs`` row per tuning problem (its key, the best config and latency, whether the run
 finished) and one ``trials`` row per candidate (status, error, compile seconds, latency median /
@@ -14,7 +14,13 @@ values of globals and closure cells the kernel reads, so changing a module-level
 first config elaborates to, which pins the resolved shapes and dtypes.
 
 Concurrency: WAL journal, a busy timeout, and short ``BEGIN IMMEDIATE`` transactions; two
-processes tuning at once each see a consistent database.
+processes tuning at once each see a consistent database. A damaged file is moved aside by one process
+only, and while no other has it open: the check and the move are made under an exclusive lock on
+``<file>.lock`` beside it (kept there), which each open holds shared while it connects and checks.
+
+Reading only (``TuningDB(path, readonly=True)``, what ``tilecarve cache list/show/export`` use) opens the
+file read-only (``mode=ro``, or ``immutable=1`` where its ``-wal``/``-shm`` cannot be created) and never
+creates, moves or changes anything: a damaged file is a :class:`DamagedDatabaseError` naming it.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import logging
 import math
 import os
 import re
@@ -41,10 +48,12 @@ from .config import config_to_json
 from .errors import TuningCacheError
 from .trial import Status, Trial
 
-__all__ = ["EXPORT_FORMAT", "DamagedRow", "ImportReport", "RunInfo", "StoredRun", "TuningCacheWarning", "TuningDB",
-           "cache_dir", "check_exported_run", "db_file", "finished_under", "function_fingerprint", "key_from_parts",
-           "key_parts", "prekey", "prim_hash", "tuning_key"]
+__all__ = ["EXPORT_FORMAT", "DamagedDatabaseError", "DamagedRow", "ImportReport", "RunInfo", "StoredRun",
+           "TuningCacheWarning", "TuningDB", "cache_dir", "check_export", "check_exported_run", "db_file",
+           "finished_under", "function_fingerprint", "key_from_parts", "key_parts", "prekey", "prim_hash",
+           "tuning_key"]
 
+logger = logging.getLogger(__name__)
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -84,8 +93,12 @@ def cache_dir() -> Path:
     env = os.environ.get("TILECARVE_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tilecarve"
+    base = os.environ.get("XDG_CACHE_HOME")
+    if base and not os.path.isabs(base):  # the XDG spec: a relative path is invalid and is ignored
+        logger.debug("XDG_CACHE_HOME=%r is not an absolute path; ignored (the XDG base directory spec), "
+                     "using ~/.cache", base)
+        base = None
+    return Path(base or os.path.join(os.path.expanduser("~"), ".cache")) / "tilecarve"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -363,43 +376,141 @@ def _when(run: Mapping[str, Any]) -> tuple[bool, float]:
     return run["finished"] is not None, float(run["finished"] if run["finished"] is not None else run["created"])
 
 
-def check_exported_run(run: Any) -> dict[str, Any]:
-    """An exported run checked as strictly as rows read from the database (:class:`DamagedRow` says what is
-    wrong), returned with its trials as :class:`Trial`s keyed by index under ``"trials"``."""
+#: SQLite's integers are signed 64-bit: a larger one does not fit a column (``OverflowError`` on insert).
+_INT_MAX = 2**63 - 1
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
+
+
+def _number(value: Any, *, positive: bool = False, optional: bool = True, integer: bool = False) -> bool:
+    """Whether ``value`` is a number SQLite stores as given: not a bool, finite, in 64-bit range, >= 0 (> 0
+    if ``positive``); ``None`` if ``optional``; an ``int`` if ``integer``."""
+    if value is None:
+        return optional
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        return False
+    if isinstance(value, int):
+        if value > _INT_MAX:
+            return False
+    elif not math.isfinite(value):
+        return False
+    return value > 0 if positive else value >= 0
+
+
+def check_exported_run(run: Any, where: str | None = None) -> dict[str, Any]:
+    """An exported run checked as strictly as rows read from the database, and every field for its type and
+    range, so that nothing of it fails (or is dropped) when written (:class:`DamagedRow` names the run, the
+    trial and the field); returned with its trials as :class:`Trial`s keyed by index under ``"trials"``.
+    ``where`` names the run in messages (``"run 3"``: its place in the file)."""
+    where = where or "run"
     if not isinstance(run, Mapping):
-        raise DamagedRow(f"a run must be an object, got {type(run).__name__}")
+        raise DamagedRow(f"{where}: must be an object, got {type(run).__name__}")
     missing = [c for c in (*_RUN_COLUMNS, "trials") if c not in run]
     if missing:
-        raise DamagedRow(f"run {run.get('key', '?')!r} lacks {missing}")
+        raise DamagedRow(f"{where} (key {_shown(run.get('key', '?'))}) lacks the fields {missing}")
     key = run["key"]
     if not isinstance(key, str) or not _KEY.match(key):
-        raise DamagedRow(f"key {key!r} is not a SHA-256 hex digest")
+        raise DamagedRow(f"{where}: key={_shown(key)} is not a SHA-256 hex digest (64 characters 0-9, a-f)")
+    where = f"{where} (key {key[:12]})"
+
+    def bad(field: str, value: Any, expected: str, at: str = where) -> DamagedRow:
+        return DamagedRow(f"{at}: {field}={_shown(value)}, expected {expected}")
+
     for name in ("kernel", "target"):
         if not isinstance(run[name], str):
-            raise DamagedRow(f"run {key[:12]}: {name}={run[name]!r}")
-    for name in ("created", "finished"):
-        v = run[name]
-        if (v is not None or name == "created") and (not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
-            raise DamagedRow(f"run {key[:12]}: {name}={v!r}")
+            raise bad(name, run[name], "a string")
+    if not _number(run["created"], optional=False):
+        raise bad("created", run["created"], "a time in seconds (a number >= 0)")
+    if not _number(run["finished"]):
+        raise bad("finished", run["finished"], "null or a time in seconds (a number >= 0)")
     n = run["n_configs"]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not isinstance(run["meta"], dict):
-        raise DamagedRow(f"run {key[:12]}: n_configs={n!r}, meta={run['meta']!r}")
+    if not _number(n, optional=False, integer=True):
+        raise bad("n_configs", n, f"an integer from 0 to {_INT_MAX}")
+    if not isinstance(run["meta"], dict):
+        raise bad("meta", run["meta"], "an object")
     if run["best_prim"] is not None and not isinstance(run["best_prim"], str):
-        raise DamagedRow(f"run {key[:12]}: best_prim={run['best_prim']!r}")
+        raise bad("best_prim", run["best_prim"], "null or a string")
     best = run["best_config"]
-    _run_numbers(None if best is None else json.dumps(best), run["best_latency_ms"], run["ref_latency_ms"])
+    if best is not None and not isinstance(best, dict):
+        raise bad("best_config", best, "null or an object")
+    for name in ("best_latency_ms", "ref_latency_ms"):
+        if not _number(run[name], positive=True):
+            raise bad(name, run[name], "null or a number > 0")
+    try:
+        _run_numbers(None if best is None else json.dumps(best), run["best_latency_ms"], run["ref_latency_ms"])
+    except DamagedRow as e:
+        raise DamagedRow(f"{where}: {e}") from None
     if not isinstance(run["trials"], list):
-        raise DamagedRow(f"run {key[:12]}: trials must be a list")
+        raise bad("trials", run["trials"], "a list")
     trials: dict[int, tuple[Trial, float]] = {}
-    for t in run["trials"]:
-        if not isinstance(t, Mapping) or any(c not in t for c in _TRIAL_COLUMNS):
-            raise DamagedRow(f"run {key[:12]}: a trial must be an object with {list(_TRIAL_COLUMNS)}, got {t!r}")
-        idx, trial = _trial_from_row((*(json.dumps(t[c]) if c == "config" else t[c]
-                                        for c in _TRIAL_COLUMNS if c != "recorded"), t.get("device")))
-        if idx >= n or idx in trials or not isinstance(t["recorded"], (int, float)):
-            raise DamagedRow(f"run {key[:12]}: trial {idx} is repeated, beyond n_configs={n}, or has no time")
+    for j, t in enumerate(run["trials"]):
+        at = f"{where}, trial {j}"
+        if not isinstance(t, Mapping):
+            raise DamagedRow(f"{at}: must be an object, got {type(t).__name__}")
+        lacks = [c for c in _TRIAL_COLUMNS if c not in t]
+        if lacks:
+            raise DamagedRow(f"{at} lacks the fields {lacks}")
+        idx = t["idx"]
+        if not _number(idx, optional=False, integer=True) or idx >= n:
+            raise bad("idx", idx, f"an integer from 0 to n_configs-1 = {n - 1}", at)
+        if idx in trials:
+            raise DamagedRow(f"{at}: idx={idx} is repeated (each config index has one trial)")
+        at = f"{where}, trial {j} (idx {idx})"
+        if not isinstance(t["config"], dict):
+            raise bad("config", t["config"], "an object", at)
+        try:
+            if not isinstance(t["status"], str):
+                raise ValueError(f"{_shown(t['status'])} is not a string")
+            Status(t["status"])
+        except ValueError as e:
+            raise DamagedRow(f"{at}: status: {e}; expected one of {[s.value for s in Status]}") from None
+        for name in ("error", "device"):
+            if t.get(name) is not None and not isinstance(t[name], str):
+                raise bad(name, t[name], "null or a string", at)
+        for name in ("compile_s", "median_ms", "min_ms", "iqr_ms", "spread"):
+            if not _number(t[name]):
+                raise bad(name, t[name], "null or a number >= 0", at)
+        if not _number(t["rounds"], integer=True):
+            raise bad("rounds", t["rounds"], f"null or an integer from 0 to {_INT_MAX}", at)
+        if not _number(t["recorded"], optional=False):
+            raise bad("recorded", t["recorded"], "a time in seconds (a number >= 0)", at)
+        try:
+            _, trial = _trial_from_row((*(json.dumps(t[c]) if c == "config" else t[c]
+                                          for c in _TRIAL_COLUMNS if c != "recorded"), t.get("device")))
+        except DamagedRow as e:
+            raise DamagedRow(f"{at}: {e}") from None
         trials[idx] = (trial, float(t["recorded"]))
     return {**run, "trials": trials}
+
+
+def check_export(doc: Any) -> list[dict[str, Any]]:
+    """The runs of an exported document (what ``tilecarve cache export`` writes), each checked by
+    :func:`check_exported_run`, before anything is created or written; :class:`DamagedRow` says what is wrong
+    (the caller names the file)."""
+    if not isinstance(doc, dict):
+        raise DamagedRow(f"the file holds a JSON {type(doc).__name__}, expected an object "
+                         f'{{"format": "{EXPORT_FORMAT}", "runs": [...]}}')
+    if doc.get("format") != EXPORT_FORMAT:
+        raise DamagedRow(f"format={_shown(doc.get('format'))}, expected {EXPORT_FORMAT!r}: it is not a tilecarve "
+                         "cache export")
+    if not isinstance(doc.get("runs"), list):
+        raise DamagedRow(f"runs={_shown(doc.get('runs'))}, expected a list of runs")
+    return _check_runs(doc["runs"])
+
+
+def _check_runs(runs: Iterable[Any]) -> list[dict[str, Any]]:
+    """Every run checked (:func:`check_exported_run`, named by its place), and no key twice."""
+    checked = [check_exported_run(r, f"run {i}") for i, r in enumerate(runs)]
+    first: dict[str, int] = {}
+    for i, run in enumerate(checked):
+        if run["key"] in first:
+            raise DamagedRow(f"run {i} (key {run['key'][:12]}): the same key as run {first[run['key']]}; an export "
+                             "holds each run once")
+        first[run["key"]] = i
+    return checked
 
 
 _CACHE_FIX = "set TILECARVE_CACHE_DIR to a writable directory, or tune without the database: .set_tuning(cache=False)"
@@ -422,36 +533,127 @@ def _wal(conn: sqlite3.Connection, deadline: float) -> None:
         delay = min(delay * 2, 0.5)
 
 
+class DamagedDatabaseError(TuningCacheError):
+    """The tuning database file is damaged (or is not an SQLite file) and was left as it was: raised where
+    it is only read, or opened with ``move_damaged=False`` (``tilecarve cache``). ``reason`` is SQLite's word,
+    ``not_sqlite`` whether the file is no SQLite database at all."""
+
+    def __init__(self, path: Path, reason: str, not_sqlite: bool) -> None:
+        self.path, self.reason, self.not_sqlite = path, reason, not_sqlite
+        super().__init__(f"the tuning database {path} is damaged ({reason}); it was left as it was. Keep a copy, "
+                         f"then recover what it holds with `sqlite3 {path} .recover | sqlite3 NEW.sqlite`, or move "
+                         "it away (a tuning run moves it aside itself and starts a new one)")
+
+
+def _says(check: tuple | None) -> str:
+    """What ``PRAGMA quick_check`` said, on one line."""
+    text = " ".join(str(check[0] if check else check).split())
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _cannot_write(e: sqlite3.Error) -> bool:
+    """Whether ``e`` says a read-only open failed only because nothing could be written beside the file
+    (its ``-shm``/``-wal``: a directory or files without write permission)."""
+    return getattr(e, "sqlite_errorname", "").startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) or any(
+        m in str(e) for m in ("readonly database", "unable to open database file"))
+
+
+@contextlib.contextmanager
+def _locked(lock: Path, shared: bool = False):
+    """A lock on the file ``lock`` (created if need be and never removed: removing it would let two processes
+    lock two files), exclusive or ``shared``. Without ``fcntl``, or where the file cannot be made (a read-only
+    directory, where nothing can be moved either), no lock."""
+    try:
+        import fcntl
+
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class TuningDB:
     """A thin, process-safe wrapper over the SQLite file. Open one per tuning run.
 
     A file that is not a database or is damaged is moved aside (kept, next to it, with a
     ``.damaged-<time>`` suffix) and a new one started, with a :class:`TuningCacheWarning`; a
     directory or file that cannot be written is a :class:`TuningCacheError` naming it and the fix.
+    With ``move_damaged=False`` a damaged file is a :class:`DamagedDatabaseError` instead, and nothing moves.
+
+    ``readonly=True`` reads an existing file without creating, moving or writing anything (not even its
+    tables): ``keys``, ``tables``, ``runs``, ``trials``, ``finished_run`` and ``export_runs`` work, writes
+    fail. ``self.immutable`` says the file could only be opened as unchanging (``immutable=1``: its
+    ``-wal``/``-shm`` could not be created), so changes another process makes meanwhile are not seen.
     """
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, readonly: bool = False, move_damaged: bool = True) -> None:
         self.path = db_file(path)
+        self.readonly, self.immutable = readonly, False
         self._opened: dict[str, tuple[str, str, int, str]] = {}  # runs opened here: what re-opens one deleted
+        if readonly:
+            self._conn = self._open_readonly()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise TuningCacheError(f"cannot create the tuning cache directory {self.path.parent}: "
                                    f"{e.strerror or e}; {_CACHE_FIX}") from e
         try:
-            self._conn = self._open()
+            with _locked(self._lock, shared=True):  # never while another process moves a damaged file aside
+                self._conn = self._open()
         except sqlite3.OperationalError as e:
             if not self._damaged(e):
                 raise TuningCacheError(f"cannot open or write the tuning database {self.path}: {e}; "
                                        f"{_CACHE_FIX}") from e
-            self._conn = self._replace(e)
+            self._conn = self._replace(e, move_damaged)
         except sqlite3.DatabaseError as e:  # "file is not a database", "database disk image is malformed"
-            self._conn = self._replace(e)
+            self._conn = self._replace(e, move_damaged)
+
+    @property
+    def _lock(self) -> Path:
+        """Held shared while a connection is opened and checked, exclusive while a damaged file is moved aside."""
+        return self.path.with_name(self.path.name + ".lock")
 
     @staticmethod
     def _damaged(e: sqlite3.Error) -> bool:
         return getattr(e, "sqlite_errorname", "") in ("SQLITE_CORRUPT", "SQLITE_NOTADB") or any(
             m in str(e) for m in ("malformed", "not a database"))
+
+    def _damage(self, e: sqlite3.Error) -> DamagedDatabaseError:
+        notadb = getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB" or "not a database" in str(e)
+        return DamagedDatabaseError(self.path, str(e), notadb)
+
+    def _open_readonly(self) -> sqlite3.Connection:
+        """The file opened read-only and checked (``quick_check``); nothing is created or changed."""
+        if not self.path.is_file():
+            raise TuningCacheError(f"there is no tuning database file {self.path}")
+        uri = self.path.resolve().as_uri()
+        for query in ("mode=ro", "immutable=1"):
+            conn = sqlite3.connect(f"{uri}?{query}", uri=True, timeout=60.0, isolation_level=None)
+            try:
+                conn.execute("PRAGMA busy_timeout = 60000")
+                check = conn.execute("PRAGMA quick_check").fetchone()
+                if check is None or check[0] != "ok":
+                    raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {_says(check)})")
+                self.immutable = query == "immutable=1"
+                return conn
+            except sqlite3.Error as e:
+                conn.close()
+                if self._damaged(e):
+                    raise self._damage(e) from e
+                if query == "mode=ro" and _cannot_write(e):
+                    continue  # a WAL file whose -shm cannot be made here: read the file as it stands
+                raise TuningCacheError(f"cannot read the tuning database {self.path}: {e}") from e
+        raise AssertionError("unreachable")
+
+    def tables(self) -> set[str]:
+        """The names of the file's tables (``runs`` and ``trials`` in a tuning database; none in a new one)."""
+        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
     def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
@@ -459,7 +661,7 @@ class TuningDB:
             conn.execute("PRAGMA busy_timeout = 60000")
             check = conn.execute("PRAGMA quick_check").fetchone()
             if check is None or check[0] != "ok":
-                raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {check!r})")
+                raise sqlite3.DatabaseError(f"database disk image is malformed (quick_check: {_says(check)})")
             _wal(conn, time.monotonic() + 60.0)
             conn.execute("PRAGMA foreign_keys = ON")
             conn.execute("BEGIN IMMEDIATE")
@@ -478,23 +680,41 @@ class TuningDB:
             raise
         return conn
 
-    def _replace(self, err: sqlite3.Error) -> sqlite3.Connection:
-        """Move a damaged file aside (never delete it: it may be all someone has) and start anew."""
-        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
-        try:
-            for suffix in ("", "-wal", "-shm"):
-                src = Path(str(self.path) + suffix)
-                if src.exists():
-                    os.replace(src, Path(str(aside) + suffix))
-        except OSError as e:
-            raise TuningCacheError(f"the tuning database {self.path} is damaged ({err}) and cannot be moved aside: "
-                                   f"{e.strerror or e}; move it away yourself, or {_CACHE_FIX}") from e
-        warnings.warn(f"the tuning database {self.path} is damaged ({err}); it was moved to {aside} and a new one "
-                      "started, so earlier tuning results will be measured again", TuningCacheWarning, stacklevel=4)
-        try:
-            return self._open()
-        except sqlite3.Error as e:
-            raise TuningCacheError(f"cannot create a new tuning database {self.path}: {e}; {_CACHE_FIX}") from e
+    def _replace(self, err: sqlite3.Error, move: bool = True) -> sqlite3.Connection:
+        """Move a damaged file aside (never delete it: it may be all someone has) and start anew; with
+        ``move`` False, a :class:`DamagedDatabaseError` instead.
+
+        Two processes can find the same damaged file at once: the check and the move are made again under an
+        exclusive lock on ``<file>.lock``, so the second finds the new database the first started, and uses
+        it, rather than moving it (and its ``-wal``) aside too. Every open holds that lock shared while it
+        connects and checks the file, so none has the damaged file open while it moves (closing, SQLite would
+        remove the ``-wal`` beside it by name: by then the new database's)."""
+        if not move:
+            raise self._damage(err) from err
+        with _locked(self._lock):
+            try:
+                return self._open()  # set aside and started anew by another process since we looked?
+            except sqlite3.DatabaseError as e:
+                if not self._damaged(e):
+                    raise TuningCacheError(f"cannot open or write the tuning database {self.path}: {e}; "
+                                           f"{_CACHE_FIX}") from e
+                err = e
+            aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            try:
+                for suffix in ("", "-wal", "-shm"):
+                    src = Path(str(self.path) + suffix)
+                    if src.exists():
+                        os.replace(src, Path(str(aside) + suffix))
+            except OSError as e:
+                raise TuningCacheError(f"the tuning database {self.path} is damaged ({err}) and cannot be moved "
+                                       f"aside: {e.strerror or e}; move it away yourself, or {_CACHE_FIX}") from e
+            warnings.warn(f"the tuning database {self.path} is damaged ({err}); it was moved to {aside} and a new "
+                          "one started, so earlier tuning results will be measured again", TuningCacheWarning,
+                          stacklevel=4)
+            try:
+                return self._open()
+            except sqlite3.Error as e:
+                raise TuningCacheError(f"cannot create a new tuning database {self.path}: {e}; {_CACHE_FIX}") from e
 
     def _tx(self):
         conn = self._conn
@@ -632,7 +852,7 @@ class TuningDB:
         """Add exported runs. Every run is checked (:func:`check_exported_run`) before anything is written, so
         a bad file changes nothing. A run whose key is stored already replaces it only if it is newer (a
         finished run beats an unfinished one, then the later time); otherwise it is skipped and reported."""
-        checked = [check_exported_run(r) for r in runs]
+        checked = _check_runs(runs)
         report = ImportReport([], [], [])
         with self._tx():
             for run in checked:

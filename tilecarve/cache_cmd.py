@@ -1,15 +1,21 @@
 """``tilecarve cache list | show | export | import | clear``: the tuning database (``autotuner/cache.py``).
 
 Every read goes through :class:`autotuner.cache.TuningDB`, so rows are checked as a tuning run checks
-them; an import is checked the same way before anything is written, and never replaces a run with an
-older one. Nothing is created by reading: ``list`` on a machine that never tuned says so.
+them; an import is checked the same way (every field, :func:`autotuner.cache.check_export`) before the
+database is opened or created, and never replaces a run with an older one. Nothing is created by reading:
+``list`` on a machine that never tuned says so, and ``list``/``show``/``export`` open the file read-only.
+No command moves or changes a damaged database (a tuning run would move it aside): it is an error naming
+the file. ``export`` writes its file whole or not at all (a temporary file beside it, then a rename).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -73,39 +79,95 @@ def _path(args: argparse.Namespace) -> Path:
     return args.db if args.db is not None else cache_dir() / "tuning.sqlite"
 
 
-def _open(args: argparse.Namespace, create: bool = False) -> Any:
-    """The database, or None when there is none yet and ``create`` is False (reading creates nothing). A file
-    that is there must be a tilecarve tuning database already, checked read-only: a command never moves,
-    repairs or adds tables to a file that is not one (``--db notes.json`` by mistake), as a tuning run would."""
-    from autotuner.cache import TuningDB
+def _open(args: argparse.Namespace, write: bool = False, create: bool = False) -> Any:
+    """The database, or None when there is none yet (no file, or an SQLite file with no table at all: one
+    another process is creating) and ``create`` is False: reading creates nothing.
 
+    A file that is there must be a tilecarve tuning database already, checked read-only: a command never
+    moves, repairs or adds tables to a file that is not one (``--db notes.json`` by mistake), nor to a
+    damaged one, as a tuning run would. ``list``, ``show`` and ``export`` read through a read-only
+    connection (:class:`TuningDB` ``readonly=True``), so a database they cannot write (its permissions) is
+    read all the same; ``import`` and ``clear`` (``write``) open it for writing afterwards."""
     path = _path(args)
     if not path.exists():
-        return TuningDB(path) if create else None
-    why = _not_a_tuning_db(path)
-    if why is not None:
-        raise CommandError(f"{path} is not a tilecarve tuning database ({why}); nothing was changed. Name the "
-                           "database with --db, or leave --db out for the cache's own")
-    return TuningDB(path)
-
-
-def _not_a_tuning_db(path: Path) -> str | None:
-    """Why ``path`` is not a tilecarve tuning database, read without writing anything, or None."""
-    import sqlite3
-    from urllib.parse import quote
-
+        return _writer(path) if create else None
+    reader = _reader(path)
     try:
-        conn = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)
+        tables = reader.tables()
     except sqlite3.Error as e:
-        return str(e)
-    try:
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.Error as e:  # "file is not a database"
-        return str(e)
-    finally:
-        conn.close()
+        reader.close()
+        raise CommandError(f"cannot read {path}: {e}; nothing was changed") from e
     missing = {"runs", "trials"} - tables
-    return f"it has no {' or '.join(sorted(missing))} table" if missing else None
+    if tables and missing:
+        reader.close()
+        raise CommandError(f"{path} is not a tilecarve tuning database (it has no {' or '.join(sorted(missing))} "
+                           f"table); nothing was changed. {_DB_FIX}")
+    if not write:
+        if not tables:  # an empty SQLite file: a database being created, with no run yet
+            reader.close()
+            return None
+        return reader
+    reader.close()
+    if not tables and not create:
+        return None
+    return _writer(path)
+
+
+_DB_FIX = "Name the database with --db, or leave --db out for the cache's own"
+
+
+def _reader(path: Path) -> Any:
+    """``path`` opened read-only, or a :class:`CommandError` naming it and what to do."""
+    from autotuner.cache import DamagedDatabaseError, TuningCacheError, TuningDB
+
+    try:
+        db = TuningDB(path, readonly=True)
+    except DamagedDatabaseError as e:
+        if e.not_sqlite:
+            raise CommandError(f"{path} is not a tilecarve tuning database ({e.reason}); nothing was changed. "
+                               f"{_DB_FIX}") from e
+        raise CommandError(f"{e}; nothing was changed") from e
+    except TuningCacheError as e:
+        raise CommandError(f"{e}; nothing was changed") from e
+    if db.immutable:
+        print(f"note: {path} cannot be written here (its permissions), so it was read as it stands on disk "
+              "(immutable=1)" + (": changes in its -wal file that are not yet in it are not shown"
+                                 if _has_wal(path) else ""), file=sys.stderr)
+    return db
+
+
+def _has_wal(path: Path) -> bool:
+    try:
+        return Path(f"{path}-wal").stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _writer(path: Path) -> Any:
+    """``path`` opened for writing (created if missing), or a :class:`CommandError`: a damaged file is not
+    moved aside, unlike in a tuning run."""
+    from autotuner.cache import DamagedDatabaseError, TuningCacheError, TuningDB
+
+    try:
+        return TuningDB(path, move_damaged=False)
+    except DamagedDatabaseError as e:
+        raise CommandError(f"{e}; nothing was changed") from e
+    except TuningCacheError as e:
+        raise CommandError(str(e)) from e
+
+
+@contextlib.contextmanager
+def _reading(path: Path, db: Any):
+    """Close ``db`` at the end; an SQLite error while reading rows (damage that ``quick_check`` did not see)
+    is a :class:`CommandError` naming the file."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        raise CommandError(f"cannot read the tuning database {path}: {e}; nothing was changed. If it is damaged, "
+                           f"keep a copy and recover what it holds with `sqlite3 {path} .recover | sqlite3 "
+                           "NEW.sqlite`, or move it away") from e
+    finally:
+        db.close()
 
 
 def _resolve(db: Any, prefix: str) -> str:
@@ -126,9 +188,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     from autotuner.config import config_label
 
     db = _open(args)
-    runs = [] if db is None else db.runs()
+    runs = []
     if db is not None:
-        db.close()
+        with _reading(_path(args), db):
+            runs = db.runs()
     if args.json:
         json.dump([vars(r) | {"database": str(_path(args))} for r in runs], sys.stdout, indent=2)
         print()
@@ -155,10 +218,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     db = _open(args)
     if db is None:
         raise CommandError(f"no tuning database at {_path(args)}")
-    try:
+    with _reading(_path(args), db):
         run = db.export_runs([_resolve(db, args.key)])[0]
-    finally:
-        db.close()
     if args.json:
         json.dump(run, sys.stdout, indent=2)
         print()
@@ -189,34 +250,46 @@ def cmd_export(args: argparse.Namespace) -> int:
     db = _open(args)
     if db is None:
         raise CommandError(f"no tuning database at {_path(args)}: nothing to export")
-    try:
+    with _reading(_path(args), db):
         keys = None if args.key is None else list(dict.fromkeys(_resolve(db, k) for k in args.key))
         runs = db.export_runs(keys)
-    finally:
-        db.close()
     doc = {"format": EXPORT_FORMAT, "tilecarve": __version__, "exported": time.time(), "database": str(_path(args)),
            "runs": runs}
     text = json.dumps(doc, indent=1)
     if to_stdout:
         print(text)
     else:
-        Path(args.file).write_text(text + "\n")
+        _write_atomically(Path(args.file), text + "\n")
         print(f"exported {len(runs)} runs to {args.file}", file=sys.stderr)
     return 0
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """:func:`autotuner.files.write_atomically`, its failure a :class:`CommandError` naming the file."""
+    from autotuner.files import write_atomically
+
+    existed = Path(os.path.realpath(path)).exists()
+    try:
+        write_atomically(path, text)
+    except OSError as e:
+        kept = "was left as it was" if existed else "was not created"
+        raise CommandError(f"cannot write {path}: {e.strerror or e}; {path} {kept}. Free some space, raise the "
+                           "file size limit (ulimit -f), or export to another place (or '-' for stdout)") from e
+
+
 def cmd_import(args: argparse.Namespace) -> int:
-    from autotuner.cache import EXPORT_FORMAT, DamagedRow
+    from autotuner.cache import DamagedRow, check_export
 
     try:
         doc = json.loads(args.file.read_text())
     except (OSError, ValueError) as e:
         raise CommandError(f"cannot read {args.file} as JSON: {e}") from e
-    if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT or not isinstance(doc.get("runs"), list):
-        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-        raise CommandError(f"{args.file} is not a tilecarve cache export (format {found!r}, expected "
-                           f"{EXPORT_FORMAT!r}); write one with tilecarve cache export")
-    db = _open(args, create=True)
+    try:  # every field of every run, before the database is opened (or created)
+        check_export(doc)
+    except DamagedRow as e:
+        raise CommandError(f"{args.file}: {e}; nothing was imported. Correct the file, or write it again with "
+                           "tilecarve cache export") from e
+    db = _open(args, write=True, create=True)
     try:
         report = db.import_runs(doc["runs"])
     except DamagedRow as e:
@@ -237,7 +310,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
-    db = _open(args)
+    db = _open(args, write=True)
     if db is None:
         print(f"no tuning database at {_path(args)}: nothing to clear")
         return 0
