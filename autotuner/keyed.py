@@ -29,6 +29,7 @@ import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .buckets import Buckets, as_buckets
@@ -184,6 +185,7 @@ class KeyedKernel:
         self._chosen: dict[tuple, tuple[dict[str, Any], str, float | None]] = {}
         self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
         self._untuned: dict[tuple, int] = {}
+        self._unchecked: set[tuple] = set()  # compiled during CUDA-graph capture: checked at the next call
         # the call's own key values -> (kernel, its bucket if a fallback serves it), while nothing is recording
         self._fast: dict[tuple, tuple[Any, tuple | None, tuple | None]] = {}  # + the call's types if bool-like
         self._section: tuple[TunedTable, KernelSection | None] | None = None
@@ -271,18 +273,60 @@ class KeyedKernel:
         self._check_beyond_edge(exact, b, chosen)
         ck = _ident(b[k] if k in self.dynamic else exact[k] for k in self.key)
         hit = self._compiled.get(ck)
-        if hit is not None and hit[0] is chosen[0]:
+        if hit is not None and hit[0] is chosen[0] and ck not in self._unchecked:
             return hit[1]
         with self._lock:
             hit = self._compiled.get(ck)
             if hit is None or hit[0] is not chosen[0]:
-                hit = (chosen[0], self._compile(exact, chosen[0]))
+                jit = self._compile(exact, chosen[0])
+                self._check_served(jit, exact, chosen, ck)
+                hit = (chosen[0], jit)
                 self._compiled[ck] = hit
+            elif ck in self._unchecked and not capturing():  # compiled during a capture: checked now
+                self._unchecked.discard(ck)
+                self._check_served(hit[1], exact, chosen, ck)
             # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
-            if raw is not None and self._chosen.get(bt) is chosen:
+            if raw is not None and self._chosen.get(bt) is chosen and ck not in self._unchecked:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
                                    tuple(map(type, raw)) if any(map(_bool_like, raw)) else None)
         return hit[1]
+
+    def _check_served(self, jit: Any, exact: dict[str, Any], chosen: tuple, ck: tuple) -> None:
+        """A kernel about to be served, checked once against ``compile_args["ref_prog"]`` (where one is given)
+        on inputs of this call's exact key: what is served is not what was tuned (a symbolic-M compile of a
+        config measured at a bucket's edge, a table's entry, the untimed fallback), and a wrong one must not
+        be. Not during CUDA-graph capture (nothing may run then: that compile is checked at its first call
+        outside). :class:`KeyRefused` (the matmul op answers it with F.linear) naming the config when it fails."""
+        ref_prog = self.compile_args.get("ref_prog")
+        if ref_prog is None:
+            return
+        device = "cuda" if self.target().kind == "cuda" else "cpu"
+        if device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():  # compiled for a GPU this machine lacks: it cannot run here either
+                return
+        if capturing():
+            self._unchecked.add(ck)
+            return
+        from .check import compare, make_args, parse_supply_type, run_reference
+
+        params = list(jit.params)
+        outs_at = [i % len(params) for i in (self.compile_args.get("out_idx") or [])]
+        shaped = [_Shaped([exact[str(d)] if str(d) in exact else int(d) for d in p.shape], p.dtype) for p in params]
+        args = make_args(shaped, outs_at, parse_supply_type(self.compile_args.get("supply_type")), device, seed=7)
+        ins = [a for i, a in enumerate(args) if i not in outs_at]
+        refs = run_reference(ref_prog, [a.clone() for a in ins], len(outs_at), [tuple(args[i].shape) for i in outs_at],
+                             [args[i].dtype for i in outs_at])
+        got = jit(*ins)
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        res = compare(got, refs, self.compile_args.get("atol"), self.compile_args.get("rtol"),
+                      self.compile_args.get("max_mismatched_ratio") or 0.0)
+        self.stats["served checks"] += 1
+        if not res.ok:
+            raise KeyRefused(f"{self.name}: the {chosen[1]} config {config_label(chosen[0])} does not match the "
+                             f"reference at {exact} as served ({res.detail}); it is not served. Re-tune this key "
+                             f"(or drop its table entry)")
 
     def _check_beyond_edge(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple) -> None:
         """A bucket's config was checked (``validate``) at the bucket's edge; a key beyond the last edge
@@ -526,6 +570,14 @@ def tune_keys(pairs: Iterable[tuple[KeyedKernel, Mapping[str, Any]]], *, progres
 def keyed_kernel(key: Sequence[str], configs: Any, **kwargs: Any) -> Callable[[Callable[..., Any]], KeyedKernel]:
     """Decorator form: ``@keyed_kernel(["M", "N"], configs, key_of=...)`` over a kernel factory."""
     return lambda fn: KeyedKernel(fn, key, configs, **kwargs)
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    """A kernel parameter with its symbolic sizes bound (what :func:`.check.make_args` reads)."""
+
+    shape: list[int]
+    dtype: Any
 
 
 class _SharedDimsChecked:

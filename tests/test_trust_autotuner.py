@@ -991,3 +991,23 @@ def test_a_symbolic_kernel_on_the_c_target_refuses_tensors_that_disagree_on_m(tm
     torch.testing.assert_close(kk(A, torch.ones(64, 64)), torch.full((64, 64), 3.0))
     with pytest.raises(ValueError, match="argument 1 has 8 in dimension 0 and argument 0 64"):
         kk(A, torch.ones(8, 64))
+
+
+def test_a_served_keyed_kernel_is_checked_once_and_refused_when_wrong(tmp_path, monkeypatch):
+    """What a keyed kernel serves is not what was tuned (a symbolic-M compile, a table's entry, the untimed
+    fallback): with a ref_prog it is checked once, at its first call, before it is served."""
+    from kernels import trust_helper
+    from kernels.keyed_kernels import make_keyed, scale_add_helper
+
+    from autotuner.errors import KeyRefused
+
+    A = torch.ones(8, 64)
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 0.5)  # the fallback config now computes 2A + B + 0.5
+    wrong = make_keyed(db_path=str(tmp_path / "db.sqlite"), fn=scale_add_helper)
+    with pytest.raises(KeyRefused, match="the fallback config .* does not match the reference"):
+        wrong(A, A)
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 0.0)
+    right = make_keyed(db_path=str(tmp_path / "db.sqlite"), fn=scale_add_helper)
+    for _ in range(3):
+        torch.testing.assert_close(right(A, A), 3 * A)
+    assert right.stats["served checks"] == 1  # once per compiled kernel, not per call
