@@ -270,8 +270,7 @@ class Bench:
         if case.refs is None and s.ref_prog is not None:
             ref_in = [case.pristine[i].clone() for i in sorted(case.pristine) if i not in case.zero]
             refs = run_reference(s.ref_prog, ref_in, len(case.out_idx),
-                                 [tuple(case.args[i].shape) for i in case.out_idx],
-                                 [case.args[i].dtype for i in case.out_idx])
+                                 [tuple(case.args[i].shape) for i in case.out_idx])
             # copies: a reference that updates an input in place returns it, and timing it below goes on changing it
             case.refs = [r.clone() if hasattr(r, "clone") else r for r in refs]
             self.stamps.append((time.time(), f"reference run{self.tag}"))

@@ -186,6 +186,7 @@ class KeyedKernel:
         self._compiled: dict[tuple, tuple[dict[str, Any], Any]] = {}  # by exact (dynamic: bucket) key
         self._untuned: dict[tuple, int] = {}
         self._unchecked: set[tuple] = set()  # compiled during CUDA-graph capture: checked at the next call
+        self._refused: dict[tuple, tuple[dict[str, Any], str]] = {}  # failed _check_served: (config, why)
         # the call's own key values -> (kernel, its bucket if a fallback serves it), while nothing is recording
         self._fast: dict[tuple, tuple[Any, tuple | None, tuple | None]] = {}  # + the call's types if bool-like
         self._section: tuple[TunedTable, KernelSection | None] | None = None
@@ -276,15 +277,25 @@ class KeyedKernel:
         if hit is not None and hit[0] is chosen[0] and ck not in self._unchecked:
             return hit[1]
         with self._lock:
+            refused = self._refused.get(ck)
+            if refused is not None and refused[0] is chosen[0]:  # checked and found wrong: not compiled again
+                raise KeyRefused(refused[1])
             hit = self._compiled.get(ck)
-            if hit is None or hit[0] is not chosen[0]:
-                jit = self._compile(exact, chosen[0])
-                self._check_served(jit, exact, chosen, ck)
-                hit = (chosen[0], jit)
-                self._compiled[ck] = hit
-            elif ck in self._unchecked and not capturing():  # compiled during a capture: checked now
+            try:
+                if hit is None or hit[0] is not chosen[0]:
+                    jit = self._compile(exact, chosen[0])
+                    self._check_served(jit, exact, chosen, ck)
+                    hit = (chosen[0], jit)
+                    self._compiled[ck] = hit
+                elif ck in self._unchecked and not capturing():  # compiled during a capture: checked now
+                    self._check_served(hit[1], exact, chosen, ck)
+                    self._unchecked.discard(ck)
+            except KeyRefused as e:  # never served, now or later, while this config is chosen for the key
+                self._compiled.pop(ck, None)
                 self._unchecked.discard(ck)
-                self._check_served(hit[1], exact, chosen, ck)
+                if not getattr(e, "transient", False):
+                    self._refused[ck] = (chosen[0], str(e))
+                raise
             # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
             if raw is not None and self._chosen.get(bt) is chosen and ck not in self._unchecked:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
@@ -298,7 +309,7 @@ class KeyedKernel:
         be. Not during CUDA-graph capture (nothing may run then: that compile is checked at its first call
         outside). :class:`KeyRefused` (the matmul op answers it with F.linear) naming the config when it fails."""
         ref_prog = self.compile_args.get("ref_prog")
-        if ref_prog is None:
+        if ref_prog is None or self.compile_args.get("skip_check"):
             return
         device = "cuda" if self.target().kind == "cuda" else "cpu"
         if device == "cuda":
@@ -309,15 +320,31 @@ class KeyedKernel:
         if capturing():
             self._unchecked.add(ck)
             return
+        params = list(jit.params)
+        outs_at = [int(i) % len(params) for i in (getattr(jit, "out_idx", None) or [])]  # TileLang's, normalised
+        try:
+            shaped = [_Shaped([exact[str(d)] if str(d) in exact else int(d) for d in p.shape], p.dtype) for p in params]
+        except (TypeError, ValueError):  # a size derived from a key (M * 2): no inputs to make for it here
+            logger.info("%s: not checking the kernel served at %s: a parameter's size is an expression of the key",
+                        self.name, exact)
+            return
+        import torch
+
+        try:
+            self._run_served_check(jit, exact, chosen, params, outs_at, shaped, device, ref_prog)
+        except torch.cuda.OutOfMemoryError as e:  # no room for the check's inputs: not served unchecked
+            err = KeyRefused(f"{self.name}: no GPU memory to check the kernel served at {exact} before serving "
+                             f"it ({e}); this call is refused, a later one checks again")
+            err.transient = True
+            raise err from e
+
+    def _run_served_check(self, jit: Any, exact: dict[str, Any], chosen: tuple, params: list, outs_at: list[int],
+                          shaped: list, device: str, ref_prog: Any) -> None:
         from .check import compare, make_args, parse_supply_type, run_reference
 
-        params = list(jit.params)
-        outs_at = [i % len(params) for i in (self.compile_args.get("out_idx") or [])]
-        shaped = [_Shaped([exact[str(d)] if str(d) in exact else int(d) for d in p.shape], p.dtype) for p in params]
         args = make_args(shaped, outs_at, parse_supply_type(self.compile_args.get("supply_type")), device, seed=7)
         ins = [a for i, a in enumerate(args) if i not in outs_at]
-        refs = run_reference(ref_prog, [a.clone() for a in ins], len(outs_at), [tuple(args[i].shape) for i in outs_at],
-                             [args[i].dtype for i in outs_at])
+        refs = run_reference(ref_prog, [a.clone() for a in ins], len(outs_at), [tuple(args[i].shape) for i in outs_at])
         got = jit(*ins)
         got = list(got) if isinstance(got, (list, tuple)) else [got]
         res = compare(got, refs, self.compile_args.get("atol"), self.compile_args.get("rtol"),

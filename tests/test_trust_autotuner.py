@@ -845,6 +845,9 @@ def test_the_default_atol_scales_down_to_small_outputs():
     assert tolerances(r, r, None, None) == pytest.approx((4e-5, 1e-2))
     assert tolerances(r * 1e4, r * 1e4, None, None) == pytest.approx((1e-2, 1e-2))  # large outputs: as before
     assert tolerances(r, r, 0.5, None) == pytest.approx((0.5, 1e-2))  # given: as given
+    # 16-bit outputs: a tenth of the largest value (their own rounding is a larger share of a small output)
+    assert tolerances(r.bfloat16(), r, None, None) == pytest.approx((4e-4, 1e-2))
+    assert tolerances(r.half() * 100, r * 100, None, None) == pytest.approx((1e-2, 1e-2))
     assert not compare([torch.zeros(3)], [torch.tensor([1e-3, 2e-3, 3e-3])], None, None, 0.0).ok
     assert compare([torch.zeros(3)], [torch.tensor([1e-3, 2e-3, 3e-3])], 1e-2, None, 0.0).ok  # the user's choice
 
@@ -864,7 +867,6 @@ def test_the_mismatch_ratio_bounds_each_output_not_the_pool():
 @pytest.mark.parametrize("ref,match", [
     (lambda A, B: A * float("nan"), "every element NaN"),
     (lambda A, B: torch.where(A > 0, float("inf"), float("nan")) + B * 0, "every element NaN or infinite"),
-    (lambda A, B: (A + B).to(torch.int32), "as torch.int32, the kernel's output is torch.float32"),
 ])
 def test_a_reference_that_cannot_check_anything_is_an_input_error(ref, match):
     with pytest.raises(TuningInputError, match=match):
@@ -1011,3 +1013,47 @@ def test_a_served_keyed_kernel_is_checked_once_and_refused_when_wrong(tmp_path, 
     for _ in range(3):
         torch.testing.assert_close(right(A, A), 3 * A)
     assert right.stats["served checks"] == 1  # once per compiled kernel, not per call
+
+
+
+def test_a_float8_reference_is_checked_for_finite_values_without_crashing():
+    from autotuner.check import run_reference
+
+    nan8 = torch.full((4,), float("nan")).to(torch.float8_e4m3fn)
+    with pytest.raises(TuningInputError, match="every element NaN"):
+        run_reference(lambda a: nan8, [torch.ones(4)], 1, [(4,)])
+    ok = torch.ones(4).to(torch.float8_e4m3fn)
+    assert run_reference(lambda a: ok, [torch.ones(4)], 1, [(4,)])[0] is ok
+
+
+def test_the_served_check_takes_an_int_out_idx_honours_skip_check_and_remembers_a_refusal(tmp_path, monkeypatch):
+    from kernels import trust_helper
+    from kernels.keyed_kernels import make_keyed, scale_add_helper
+
+    from autotuner import keyed
+    from autotuner.errors import KeyRefused
+
+    A = torch.ones(8, 64)
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 0.5)  # wrong by 0.5
+
+    def build(**compile_args):
+        kk = make_keyed(db_path=str(tmp_path / "db.sqlite"), fn=scale_add_helper)
+        kk.compile_args.update(compile_args)
+        return kk
+
+    kk = build(out_idx=-1)  # TileLang's int form
+    for _ in range(2):  # refused, and remembered: not compiled or checked again
+        with pytest.raises(KeyRefused, match="does not match the reference"):
+            kk(A, A)
+    assert kk.stats["served checks"] == 1 and kk.stats["compiles"] == 1
+    skipping = build(skip_check=True)  # the user's own choice, as in AutoTuner
+    torch.testing.assert_close(skipping(A, A), 3 * A + 0.5)
+    assert skipping.stats["served checks"] == 0
+    # compiled during a CUDA-graph capture: checked at the next call outside it, and never served if wrong
+    captured = build()
+    monkeypatch.setattr(keyed, "capturing", lambda: True)
+    captured(A, A)
+    monkeypatch.setattr(keyed, "capturing", lambda: False)
+    for _ in range(2):
+        with pytest.raises(KeyRefused, match="does not match the reference"):
+            captured(A, A)
