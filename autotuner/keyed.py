@@ -37,7 +37,7 @@ from .cache import TuningDB, function_fingerprint
 from .compile import tl_compile
 from .config import as_reasons, config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import KeyRefused, TuningError
-from .table import Entry, KernelSection, TableError, TunedTable, load_table
+from .table import Entry, KernelSection, TableError, TunedTable, load_table, typed_key
 
 __all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "tune_keys", "untuned",
            "use_table"]
@@ -102,14 +102,9 @@ def _key_value(name: str, v: Any, kernel: str = "") -> Any:
                     "values must be ints, strings, bools or torch dtypes")
 
 
-def _ident(values: Iterable[Any]) -> tuple:
-    """Key values as a dict key that tells a bool from an int (``True == 1`` and hash alike): a bool becomes
-    ``("bool", value)`` (key values are never tuples); :func:`_values` undoes it."""
-    return tuple(("bool", v) if v.__class__ is bool else v for v in values)
-
-
 def _values(ident: tuple) -> tuple:
-    return tuple(v[1] if v.__class__ is tuple else v for v in ident)
+    """The key values of a :func:`.table.typed_key` (the type-strict dict key: ``True`` is not ``1``)."""
+    return tuple(v for _, v in ident)
 
 
 def _bool_like(v: Any) -> bool:
@@ -264,7 +259,7 @@ class KeyedKernel:
         b = self._bucket(exact)
         for listener in list(_LISTENERS):
             listener(self, b)
-        bt = _ident(b.values())
+        bt = typed_key(b.values())
         chosen = self._chosen.get(bt)
         if chosen is None or chosen[1] == "fallback":
             with self._lock:
@@ -272,7 +267,7 @@ class KeyedKernel:
                 if chosen[1] == "fallback":
                     self._untuned[bt] = self._untuned.get(bt, 0) + 1
         self._check_beyond_edge(exact, b, chosen)
-        ck = _ident(b[k] if k in self.dynamic else exact[k] for k in self.key)
+        ck = typed_key(b[k] if k in self.dynamic else exact[k] for k in self.key)
         hit = self._compiled.get(ck)
         if hit is not None and hit[0] is chosen[0] and ck not in self._unchecked:
             return hit[1]
@@ -311,7 +306,7 @@ class KeyedKernel:
         ref_prog = self.compile_args.get("ref_prog")
         if ref_prog is None or self.compile_args.get("skip_check"):
             return
-        device = "cuda" if self.target().kind == "cuda" else "cpu"
+        device = self.target().device
         if device == "cuda":
             import torch
 
@@ -370,11 +365,11 @@ class KeyedKernel:
         """``(config, where it came from)`` for ``key``, without compiling: table, database, tuned or fallback."""
         b = self.make_key(key)
         with self._lock:
-            chosen = self._chosen.get(_ident(b.values())) or self._choose(b)
+            chosen = self._chosen.get(typed_key(b.values())) or self._choose(b)
         return dict(chosen[0]), chosen[1]
 
     def _choose(self, b: dict[str, Any]) -> tuple[dict[str, Any], str, float | None]:
-        bt = _ident(b.values())
+        bt = typed_key(b.values())
         table, section = self._table_section()
         chosen: tuple[dict[str, Any], str, float | None] | None = None
         if table is not None:
@@ -498,8 +493,8 @@ class KeyedKernel:
     def _adopt(self, b: dict[str, Any], result: Any) -> None:
         """Serve ``result``'s winner for bucket key ``b`` from now on."""
         with self._lock:
-            self._chosen[_ident(b.values())] = (result.config, "tuned", result.latency)
-            self._untuned.pop(_ident(b.values()), None)
+            self._chosen[typed_key(b.values())] = (result.config, "tuned", result.latency)
+            self._untuned.pop(typed_key(b.values()), None)
             self._fast.clear()
             self.stats["tuned"] += 1
 
@@ -540,7 +535,7 @@ class KeyedKernel:
               else [dict(zip(self.key, _values(bt))) for bt in self._chosen])
         entries, seen = [], set()
         for b in bs:
-            bt = _ident(b.values())
+            bt = typed_key(b.values())
             if bt in seen:
                 continue
             seen.add(bt)
@@ -616,13 +611,13 @@ class _SharedDimsChecked:
     def __init__(self, jit: Any) -> None:
         self.jit_kernel = jit
         self._params = list(jit.params)
+        outs = set(jit.out_idx or [])
+        self._inputs = [p for i, p in enumerate(self._params) if i not in outs]  # a call passes these alone
 
     def __call__(self, *args: Any) -> Any:
         from .check import check_shared_dims
 
-        params = self._params if len(args) == len(self._params) else [
-            p for i, p in enumerate(self._params) if i not in set(self.jit_kernel.out_idx or [])]
-        check_shared_dims(params, args)
+        check_shared_dims(self._params if len(args) == len(self._params) else self._inputs, args)
         return self.jit_kernel(*args)
 
     def __getattr__(self, name: str) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 from . import keyed
 from .errors import TuningError
 from .keyed import KeyedKernel, add_listener, remove_listener, tune_keys
-from .table import write_table
+from .table import typed_key, write_table
 
 __all__ = ["Recording", "record"]
 
@@ -36,7 +36,7 @@ class Recording:
         self._lock = threading.Lock()
 
     def _note(self, kernel: KeyedKernel, key: dict[str, Any]) -> None:
-        ident = (id(kernel), keyed._ident(key.values()))  # N=True and N=1 are two keys
+        ident = (id(kernel), typed_key(key.values()))  # N=True and N=1 are two keys
         if ident not in self.seen:
             with self._lock:
                 self.seen.setdefault(ident, (kernel, dict(key)))

@@ -115,7 +115,7 @@ class TunedKernel:
         if len(args) != n_in:
             raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
 
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device(self._device))
+        device = args[0].device if args else torch.device(self._device)  # every argument is a tensor (above)
         it = iter(args)
         full, outs = [], []
         for i, (shape, dtype) in enumerate(self._specs):
@@ -289,9 +289,9 @@ class AutoTuner:
         * ``atol``, ``rtol``, ``max_mismatched_ratio``: an element passes if
           ``|out - ref| <= atol + rtol*|ref|``; a candidate passes if the fraction of failing
           elements of each output is at most ``max_mismatched_ratio`` (default 0: none). Left unset,
-          ``rtol`` is 1e-2 and ``atol`` 1e-2 scaled down to outputs smaller than 1 (1e-2 times the
-          output's largest reference value), and integer and bool outputs must be equal
-          (:func:`.check.tolerances`).
+          ``rtol`` is 1e-2 and ``atol`` 1e-2, lowered for small outputs to a share of the output's
+          largest reference value, and integer and bool outputs must be equal
+          (:func:`.check.tolerances` gives the rule).
         * ``compile_timeout``: seconds before one candidate's compile is killed; also the bound on
           elaborating a config in this process.
         * ``pass_configs``: TileLang pass configs for every candidate.
