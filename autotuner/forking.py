@@ -51,7 +51,7 @@ from . import procs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "fork_safe", "local_gpus"]
+__all__ = ["ForkedProcess", "can_fork", "cuda_started", "fork_child", "fork_safe", "local_gpus", "release_driver"]
 
 #: Environment variable: ``spawn`` starts every measuring process as a fresh interpreter.
 START_ENV = "TILECARVE_MEASURE_START"
@@ -292,11 +292,34 @@ def _import_tilelang_meanwhile() -> None:
         pass
 
 
+#: Seconds the driver query's child goes on holding the started driver after it has answered
+#: (:func:`_query_forked`), unless :func:`release_driver` ends it first.
+HOLD_S = 20.0
+_HOLDERS: list[ForkedProcess] = []
+
+
+def release_driver() -> None:
+    """End the driver query's child if it still holds the driver (:func:`_query_forked`): called when a
+    tuning job ends, whose measuring processes have started their GPUs by then."""
+    while _HOLDERS:
+        _HOLDERS.pop().kill()  # reaped by the query's reaping thread
+
+
+def _hold(seconds: float) -> None:
+    """In the driver query's child, once it has answered: stay, holding the driver it started, until the
+    parent is gone (this child dies with it), kills it (:func:`release_driver`), or ``seconds`` pass.
+    While one process has the driver started, another's ``cuInit`` takes 0.03-0.04 s rather than
+    0.13-0.5 s (an H200 host, 2026-11-28; 1.4-2 s has been seen on another): the measuring processes a tune
+    forks next start their GPUs sooner. Holding the driver is no CUDA context: no GPU memory, no process
+    in ``nvidia-smi``'s list."""
+    time.sleep(seconds)
+
+
 def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str, Any]] | None:
     """:func:`_driver_facts` asked of a forked child, which starts the driver in its place; ``None`` when
     it did not answer within :data:`QUERY_TIMEOUT_S`. ``meanwhile()``, when given, runs while it answers.
     The child closes its end once the answer is written, so the answer is read without waiting for its
-    exit (the driver's teardown: tens of ms), which a thread then reaps."""
+    exit; it then holds the driver for :data:`HOLD_S` at most (:func:`_hold`), and a thread reaps it."""
     r, w = os.pipe()
 
     def answer() -> None:
@@ -305,6 +328,7 @@ def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str,
         while view:
             view = view[os.write(w, view):]
         os.close(w)  # whole: the end of the answer is here, not at the exit
+        _hold(HOLD_S)
 
     try:
         child = fork_child(answer, {}, "tilecarve-query")
@@ -331,6 +355,8 @@ def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str,
         os.close(r)
         if not answered:
             child.kill()
+        else:
+            _HOLDERS.append(child)
         threading.Thread(target=child.wait, name="tilecarve-reap", daemon=True).start()
     try:
         facts = json.loads(data) if answered and data else None

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from . import procs, spares
+from . import forking, procs, spares
 from .bench import Measurer, make_measurer
 from .cache import DamagedRow, TuningCacheWarning, TuningDB
 from .compile import CompileBatch, compile_many
@@ -112,6 +112,7 @@ def tune_all(plans: Iterable[Plan | AutoTuner], *, progress: bool | None = None,
                 out[i] = r
     finally:
         spares.close_all()  # measuring sides the plans started for plans served from the database
+        forking.release_driver()  # the driver query's child, holding the driver while they started
     out = [out[first[p.key]] for p in plans]
     if errors == "raise":
         raise_errors([p.label for p in plans], out)

@@ -311,6 +311,35 @@ def test_the_driver_querys_answer_is_read_before_the_child_has_exited(monkeypatc
     assert time.monotonic() - t0 < 2.5
 
 
+def test_the_driver_querys_child_holds_the_driver_until_released_or_its_time_is_up(monkeypatch):
+    """Once it has answered, the child stays (holding the driver it started, so that the measuring processes
+    forked next start theirs sooner) until :func:`forking.release_driver` ends it, or :data:`forking.HOLD_S`
+    has passed."""
+    facts = [{"name": "NVIDIA H200", "capability": [9, 0]}]
+    monkeypatch.setattr(forking, "_driver_facts", lambda: facts)
+    children = []
+    real_fork = forking.fork_child
+    monkeypatch.setattr(forking, "fork_child", lambda *a: children.append(real_fork(*a)) or children[-1])
+
+    def ended(child, within=10.0):
+        deadline = time.monotonic() + within
+        while child.returncode is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return child.returncode
+
+    assert forking._query_forked() == facts
+    time.sleep(0.5)
+    assert children[0].returncode is None  # answered, and still there
+    forking.release_driver()
+    assert ended(children[0]) == -signal.SIGKILL
+    forking.release_driver()  # nothing left to end: no error
+
+    monkeypatch.setattr(forking, "HOLD_S", 0.2)
+    assert forking._query_forked() == facts
+    assert ended(children[1]) == 0  # its time was up: it exited by itself
+    forking.release_driver()
+
+
 def test_an_interrupt_while_the_driver_answers_leaves_no_open_pipe_and_no_zombie(monkeypatch):
     """Ctrl-C during what runs meanwhile (TileLang's import): the pipe is closed and the child killed and
     reaped, as on every other way out."""
