@@ -34,6 +34,7 @@ from kernels.hostile_kernels import (
     add_crashing_the_compiler,
     add_hang_with_grandchild,
     add_leaving_a_process,
+    add_noting_priority,
     add_salted,
     add_with_a_lock,
 )
@@ -389,6 +390,21 @@ def test_compiles_leave_no_named_semaphore_behind(tmp_path, backend):
     assert len(lockers) == 2
     left = [n for n in os.listdir("/dev/shm") if any(n.startswith(f"sem.loky-{pid}-") for pid in lockers)]
     assert left == []
+
+
+@pytest.mark.parametrize("backend", ["loky", "multiprocessing"])
+def test_compiles_run_below_the_priority_of_the_process_that_tunes(tmp_path, backend):
+    """Compiles give way to the measuring processes where cores are short: each compiles at a lower
+    priority (a higher nice value) than this process, its measuring processes' parent."""
+    from autotuner.compile import COMPILE_NICE
+
+    salt = uuid.uuid4().int % 10**9
+    configs = [dict(block_M=bm, salt=salt, pid_dir=str(tmp_path)) for bm in (16, 32)]
+    outcomes = list(compile_all(add_noting_priority, configs, [0, 1], "c", timeout=120, n_jobs=2, backend=backend))
+    assert [o.status for o in outcomes] == ["ok", "ok"], outcomes
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = [int(p.read_text()) for p in tmp_path.iterdir() if p.name.startswith("nice-")]
+    assert seen == [min(19, mine + COMPILE_NICE)] * 2
 
 
 def test_run_scratch_is_removed_on_error_and_ctrl_c(tmp_path, monkeypatch):

@@ -70,3 +70,11 @@ def add_crashing_the_compiler(block_M: int = 32, block_N: int = 32, crash: bool 
 
         os.kill(os.getpid(), signal.SIGSEGV)
     return add_salted(block_M, block_N)
+
+
+def add_noting_priority(block_M: int = 32, block_N: int = 32, salt: int = 0, pid_dir: str = ""):
+    """Like add_salted, but records the scheduling priority (nice value) of the process that compiles it in
+    ``pid_dir``."""
+    with open(os.path.join(pid_dir, f"nice-{os.getpid()}"), "w") as f:
+        f.write(str(os.getpriority(os.PRIO_PROCESS, 0)))
+    return add_salted(block_M, block_N, salt)
