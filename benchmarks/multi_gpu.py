@@ -15,7 +15,10 @@ Each tuning runs in its own subprocess (a fresh CUDA context and tuning database
 every compile is a cache hit and measuring dominates: how measuring itself scales. Then ``compare``
 times every distinct winner of a mode side by side in one process (5 interleaved rounds), so "same
 winner or within 1%" is judged on one GPU at one time. ``pairs`` has, per mode and arm, the wall time
-over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all``).
+over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all``). The clock starts
+after ``import tilelang`` in every arm (TileLang's arm always had it so, and a script that writes a TileLang
+kernel has imported it before it tunes); ``tilelang_import_s`` is that import, and ``with_import_over_*``
+the same ratios with it counted in every arm, as this benchmark counted them before 2026-11-28.
 
 Each tuning arm's JSON has the job's ``timeline`` (autotuner/timeline.py): ``events`` as
 ``[t, what, where]``, t in seconds since the plan started, and per device ``measured``, ``ready_s``,
@@ -28,6 +31,8 @@ them. The log prints each arm's key events on one line. The Ray arm also leaves 
 task and actor call beside ``--out`` (``<out>.ray-warm.ray-trace.json``, for chrome://tracing).
 
 Saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips what would not fit.
+``--rounds N`` runs the warm arms N times in turn, each round with its own ``pairs`` entry
+(``warm``, ``warm-2``...), so that a ratio is seen more than once on one host.
 On an ``nvidia-h200-x2`` host (32 cores) ``--modes cold`` with every arm takes about 5-7 minutes,
 ``--ray --modes warm`` about 4-5. Shorter: ``--configs 96`` (every third config of the grid).
 
@@ -76,6 +81,9 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
                            "measure_start": os.environ.get("TILECARVE_MEASURE_START", "fork")}
     if arm == "tl":
         return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs)), **gpus(torch)}
+    t0 = time.perf_counter()
+    import tilelang  # noqa: F401 - before the clock, as in TileLang's arm and any script that writes a TileLang kernel
+    out["tilelang_import_s"] = round(time.perf_counter() - t0, 2)
     tuning: dict[str, Any] = {"devices": "all"} if arm == "all" else {}
     if arm == "ray":
         import ray
@@ -213,11 +221,15 @@ def compare_mode(args: argparse.Namespace, data: dict[str, Any], kind: str, arms
     """Wall-time ratios of each arm over ``1gpu`` and ``all``, and every distinct winner timed side by side."""
     runs = {a: data["runs"][f"{a}-{kind}"] for a in arms if "config" in data["runs"].get(f"{a}-{kind}", {})}
     pair: dict[str, Any] = {}
+    def with_import(run: dict[str, Any]) -> float:
+        return run["wall_s"] + run.get("tilelang_import_s", 0.0)
+
     for a, run in runs.items():
-        pair[a] = {"wall_s": run["wall_s"]}
+        pair[a] = {"wall_s": run["wall_s"], "wall_with_import_s": round(with_import(run), 2)}
         for base in ("1gpu", "all", "1gpu_spawn", "all_spawn"):
             if base in runs and base != a:
                 pair[a][f"wall_over_{base}"] = round(run["wall_s"] / runs[base]["wall_s"], 3)
+                pair[a][f"with_import_over_{base}"] = round(with_import(run) / with_import(runs[base]), 3)
     winners = list({json.dumps(r["config"], sort_keys=True): r["config"] for r in runs.values()}.values())
     if len(winners) > 1 and args.time_limit - (time.time() - T0) > 60:
         cmp = run_child(args, "compare", {**env, "TILELANG_CACHE_DIR": cache}, ["--pair", json.dumps(winners)],
@@ -244,6 +256,8 @@ def main() -> None:
                    "(cold only)")
     p.add_argument("--spawn", action="store_true", help="add the one-GPU and every-GPU arms with measuring "
                    "processes started as fresh interpreters (TILECARVE_MEASURE_START=spawn), beside the forked ones")
+    p.add_argument("--rounds", type=int, default=1, help="warm arms this many times over, in turn (1gpu, all, "
+                   "1gpu, all...): pairs for each round (warm, warm-2, ...)")
     p.add_argument("--skip", nargs="*", default=[], help="runs of the plan to leave out, e.g. ray-cold")
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds for the whole run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "multi_gpu.json")
@@ -258,7 +272,8 @@ def main() -> None:
     kinds = ["cold", "warm"] if args.modes == "both" else [args.modes]
     arms = ["1gpu", "all"] + ["ray"] * args.ray + ["tl"] * args.tilelang + ["1gpu_spawn", "all_spawn"] * args.spawn
     plan = [(a, "cold") for a in arms] if "cold" in kinds else [("1gpu", "cold")]  # fills the warm runs' cache
-    plan += [(a, "warm") for a in arms if a != "tl" and "warm" in kinds]  # TileLang's cache keys are not ours
+    for r in range(1, args.rounds + 1):  # TileLang's cache keys are not ours: no warm TileLang arm
+        plan += [(a, "warm" if r == 1 else f"warm-{r}") for a in arms if a != "tl" and "warm" in kinds]
     plan = [(a, k) for a, k in plan if f"{a}-{k}" not in args.skip or (a, k) == ("1gpu", "cold")]
     data: dict[str, Any] = {"shape": args.shape, "configs": args.configs, "started": time.strftime("%Y-%m-%d %H:%M"),
                             "plan": [f"{a}-{k}" for a, k in plan], "runs": {}, "pairs": {}}
@@ -286,7 +301,7 @@ def main() -> None:
             if run.get("timeline"):
                 log(f"{which} timeline: {timeline_line(run)}")
         dump(args.out, data)
-        if kind in kinds and (i + 1 == len(plan) or plan[i + 1][1] != kind):  # the mode's last arm
+        if kind.split("-")[0] in kinds and (i + 1 == len(plan) or plan[i + 1][1] != kind):  # the mode's last arm
             data["pairs"][kind] = compare_mode(args, data, kind, arms, env, warm_cache)
             log(f"{kind}: {json.dumps(data['pairs'][kind])}")
             dump(args.out, data)
