@@ -305,13 +305,40 @@ def release_driver() -> None:
         _HOLDERS.pop().kill()  # reaped by the query's reaping thread
 
 
-def _hold(seconds: float) -> None:
+def _open_fds() -> set[int]:
+    """This process's open file descriptors (Linux), without the one the listing itself used."""
+    try:
+        listed = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return set()
+    out = set()
+    for fd in listed:
+        try:
+            os.fstat(fd)
+        except OSError:  # the listing's own, closed by now (its number may be the next open's)
+            continue
+        out.add(fd)
+    return out
+
+
+def _hold(seconds: float, inherited: set[int]) -> None:
     """In the driver query's child, once it has answered: stay, holding the driver it started, until the
     parent is gone (this child dies with it), kills it (:func:`release_driver`), or ``seconds`` pass.
     While one process has the driver started, another's ``cuInit`` takes 0.03-0.04 s rather than
     0.13-0.5 s (an H200 host, 2026-11-28; 1.4-2 s has been seen on another): the measuring processes a tune
     forks next start their GPUs sooner. Holding the driver is no CUDA context: no GPU memory, no process
-    in ``nvidia-smi``'s list."""
+    in ``nvidia-smi``'s list. First the descriptors it ``inherited`` from the parent are closed (standard
+    streams to ``/dev/null``), keeping the driver's own: a pipe the parent closes must reach its reader as
+    EOF now, not when this child ends."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in sorted(inherited):
+        try:
+            if fd <= 2:
+                os.dup2(devnull, fd)
+            elif fd != devnull:
+                os.close(fd)
+        except OSError:
+            pass
     time.sleep(seconds)
 
 
@@ -324,11 +351,12 @@ def _query_forked(meanwhile: Callable[[], None] | None = None) -> list[dict[str,
 
     def answer() -> None:
         os.close(r)
+        inherited = _open_fds() - {w}
         view = memoryview(json.dumps(_driver_facts()).encode())
         while view:
             view = view[os.write(w, view):]
         os.close(w)  # whole: the end of the answer is here, not at the exit
-        _hold(HOLD_S)
+        _hold(HOLD_S, inherited)
 
     try:
         child = fork_child(answer, {}, "tilecarve-query")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -338,6 +339,31 @@ def test_the_driver_querys_child_holds_the_driver_until_released_or_its_time_is_
     assert forking._query_forked() == facts
     assert ended(children[1]) == 0  # its time was up: it exited by itself
     forking.release_driver()
+
+
+def test_the_holding_child_keeps_the_drivers_descriptors_and_none_of_its_parents(monkeypatch, tmp_path):
+    """A pipe this process closes reaches its reader as EOF at once, not when the holding child ends; what the
+    driver opened in the child (here a stand-in file) stays open there."""
+    driver = tmp_path / "driver"  # stands for the device files the driver opens
+    driver.write_text("")
+    opened = []
+    monkeypatch.setattr(forking, "_driver_facts", lambda: opened.append(os.open(driver, os.O_RDONLY)) or [])
+    children = []
+    real_fork = forking.fork_child
+    monkeypatch.setattr(forking, "fork_child", lambda *a: children.append(real_fork(*a)) or children[-1])
+    r, w = os.pipe()
+    try:
+        assert forking._query_forked() == []
+        time.sleep(0.3)  # the child closes what it inherited once it has answered
+        held = {os.readlink(f"/proc/{children[0].pid}/fd/{fd}") for fd in os.listdir(f"/proc/{children[0].pid}/fd")}
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], 5.0)
+        assert ready and os.read(r, 1) == b""  # EOF: the child holds no copy of the write end
+        assert children[0].returncode is None  # still holding
+        assert str(driver) in held
+    finally:
+        forking.release_driver()
+        os.close(r)
 
 
 def test_an_interrupt_while_the_driver_answers_leaves_no_open_pipe_and_no_zombie(monkeypatch):
