@@ -67,9 +67,16 @@ class AutoTuneImpl:
     def _tuner(self, args: tuple, kwargs: dict[str, Any], configs: Any) -> AutoTuner:
         kernel = functools.partial(self.factory, *args, **kwargs)
         jit = self.jit_impl
+        unsupported = {k: v for k in ("compile_flags", "debug_root_path") if (v := getattr(jit, k, None))}
+        if unsupported:
+            raise NotImplementedError(
+                f"@tilelang.jit({', '.join(f'{k}={v!r}' for k, v in unsupported.items())}): tilecarve compiles every "
+                "candidate with TileLang's defaults and would not apply them; drop them from @tilelang.jit to tune "
+                "here, or tune with TileLang's own tilelang.autotune")
         return (AutoTuner.from_kernel(kernel=kernel, configs=configs)
-                .set_compile_args(out_idx=jit.out_idx, target=jit.target if jit.target is not None else "auto",
-                                  pass_configs=jit.pass_configs)
+                .set_compile_args(out_idx=jit.out_idx, target=jit.target,
+                                  execution_backend=getattr(jit, "execution_backend", None),
+                                  target_host=getattr(jit, "target_host", None), pass_configs=jit.pass_configs)
                 .set_profile_args(warmup=self.warmup, rep=self.rep, timeout=self.timeout, **self.profile))
 
     def _eager(self, kwargs: dict[str, Any], tunable: set[str]) -> bool:

@@ -9,11 +9,35 @@ never share a tuning result.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ResolvedTarget", "resolve_target"]
+__all__ = ["ResolvedTarget", "default_target", "resolve_target"]
+
+#: TileLang's environment variable for the target a ``None`` target means (a name, or a JSON dict).
+DEFAULT_TARGET_ENV = "TILELANG_DEFAULT_TARGET"
+
+
+def default_target() -> Any:
+    """What ``target=None`` means, as in TileLang: ``$TILELANG_DEFAULT_TARGET`` (a name such as ``"cuda"``, or
+    a JSON dict such as ``{"kind": "cuda", "arch": "sm_90a"}``) if set, else ``"auto"``. Read without
+    importing TileLang."""
+    value = os.environ.get(DEFAULT_TARGET_ENV, "").strip()
+    if not value:
+        return "auto"
+    if not value.startswith("{"):
+        return value
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise ValueError(f"{DEFAULT_TARGET_ENV}={value!r} looks like a dict but is not JSON ({e}); write it as "
+                         '{"kind": "cuda", "arch": "sm_90a"}') from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{DEFAULT_TARGET_ENV}={value!r} must be a target name or a JSON dict")
+    return parsed
 
 
 @dataclass(frozen=True)
@@ -87,8 +111,10 @@ def resolve_target(target: Any, prefetch_tilelang: bool = True) -> ResolvedTarge
     """
     if isinstance(target, ResolvedTarget):
         return target
+    if target is None:
+        target = default_target()
     local = _local_cuda_arch(prefetch_tilelang)
-    if target is None or (isinstance(target, str) and target == "auto"):
+    if isinstance(target, str) and target == "auto":
         target = "cuda" if local else "c"
     if isinstance(target, str):
         if target == "c":

@@ -70,7 +70,7 @@ from .settings import (
     check_setting,
     key_fields,
 )
-from .target import ResolvedTarget, resolve_target
+from .target import ResolvedTarget, default_target, resolve_target
 from .timeline import Timeline
 from .timing import METHOD
 from .trial import STATUSES, Status, Trial, error_headline, format_error
@@ -267,20 +267,24 @@ class AutoTuner:
         setter set them, so the setters may come in any order and neither undoes the other's."""
         self.check_settings = replace(self.check_settings, **{k: v for k, v in given.items() if v is not None})
 
-    def set_compile_args(self, out_idx: Any = None, target: Any = "auto", supply_type: Any = None,
+    def set_compile_args(self, out_idx: Any = None, target: Any = None, execution_backend: str | None = None,
+                         target_host: Any = None, verbose: bool | None = None,
+                         pass_configs: dict[str, Any] | None = None, *, supply_type: Any = None,
                          ref_prog: Callable[..., Any] | None = None, skip_check: bool | None = None,
                          atol: float | None = None, rtol: float | None = None,
-                         max_mismatched_ratio: float | None = None,
-                         compile_timeout: float = 300.0, pass_configs: dict[str, Any] | None = None,
+                         max_mismatched_ratio: float | None = None, compile_timeout: float = 300.0,
                          reset_to_zero: Iterable[int | str] | None = None,
-                         restore_value: Iterable[int | str] | None = None, execution_backend: str | None = None,
-                         target_host: Any = None, verbose: bool | None = None) -> AutoTuner:
-        """Set how candidates are compiled and checked. Every argument is used:
+                         restore_value: Iterable[int | str] | None = None) -> AutoTuner:
+        """Set how candidates are compiled and checked. The positional arguments are TileLang's, in its
+        order (``out_idx, target, execution_backend, target_host, verbose, pass_configs``); the rest are
+        keyword-only, so that TileLang code passing its six positionally never lands in a check argument
+        (its fifth, ``verbose``, would otherwise have been ``skip_check``). Every argument is used:
 
         * ``out_idx``: indices of the output buffers (negative from the end), as in TileLang. An
           index out of range for the kernel is an error, never wrapped.
         * ``target``: ``"auto"`` (local GPU, else the CPU), ``"cuda"``, ``"c"``, a dict such as
-          ``{"kind": "cuda", "arch": "sm_90a"}`` or a ``tvm.target.Target``.
+          ``{"kind": "cuda", "arch": "sm_90a"}`` or a ``tvm.target.Target``. ``None`` (the default), as
+          in TileLang: ``$TILELANG_DEFAULT_TARGET`` if set (a name, or a JSON dict), else ``"auto"``.
         * ``supply_type``: input data, ``"normal"``, ``"uniform"``, ``"integer"`` or ``"auto"``
           (also TileLang's ``TensorSupplyType``).
         * ``ref_prog``: reference; gets the inputs (every argument but the pure outputs), returns
@@ -312,12 +316,14 @@ class AutoTuner:
             raise NotImplementedError(f"execution_backend={execution_backend!r}, target_host={target_host!r}: "
                                       "tilecarve compiles with TileLang's default backend for the target; "
                                       "leave both unset")
-        if verbose is not None:
-            check_setting("skip_check", verbose)  # a bool, like every flag
+        if verbose is not None and not isinstance(verbose, bool):
+            raise TypeError(f"verbose must be True, False or None, got {verbose!r} ({type(verbose).__name__}); "
+                            "the check arguments (ref_prog, skip_check, atol...) are keyword-only")
         self._update_check(out_idx=out_idx, supply_type=supply_type, ref_prog=ref_prog, skip_check=skip_check,
                            atol=atol, rtol=rtol, max_mismatched_ratio=max_mismatched_ratio,
                            reset_to_zero=reset_to_zero, restore_value=restore_value)
-        self.compile_settings = CompileSettings("auto" if target is None else target, compile_timeout, pass_configs)
+        self.compile_settings = CompileSettings(default_target() if target is None else target, compile_timeout,
+                                                pass_configs)
         return self
 
     def set_profile_args(self, warmup: int | None = None, rep: int | None = None, timeout: float | None = None,

@@ -131,6 +131,37 @@ def test_result_kernel_profiler_has_the_out_idx():
     profiler.manual_assert_close(ref_add, manual_check_prog=dk.exact_check)
 
 
+def test_set_compile_args_takes_tilelangs_positional_order_and_never_a_check_argument_by_position():
+    """TileLang's order is (out_idx, target, execution_backend, target_host, verbose, pass_configs): its fifth
+    positional argument, verbose=True, once landed in skip_check here and let a wrong kernel win."""
+    r = (AutoTuner.from_kernel(kernel=add_buggy, configs=BUGGY).set_compile_args([-1], "c", None, None, True)
+         .set_profile_args(ref_prog=ref_add).set_tuning(n_jobs=2).run(1, 3))
+    assert statuses(r) == {16: "mismatch", 32: "ok", 64: "mismatch"} and r.config["block_N"] == 32
+    t = AutoTuner.from_kernel(kernel=add, configs=[dict(block_M=32)])
+    t.set_compile_args([-1], "c", None, None, False, {"tl.disable_tma_lower": True})
+    assert dict(t.compile_settings.pass_configs) == {"tl.disable_tma_lower": True}
+    with pytest.raises(TypeError, match="verbose must be True, False or None.*keyword-only"):
+        t.set_compile_args([-1], "c", None, None, 1e-3)
+    with pytest.raises(TypeError):
+        t.set_compile_args([-1], "c", None, None, None, None, "normal")  # supply_type is keyword-only
+
+
+def test_a_target_left_unset_is_tilelangs_default_target(monkeypatch):
+    from autotuner.target import resolve_target
+
+    t = AutoTuner.from_kernel(kernel=add, configs=[dict(block_M=32)])
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", "c")
+    assert t.set_compile_args(out_idx=[-1]).compile_settings.target == "c"
+    assert resolve_target(None).kind == "c"
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", '{"kind": "cuda", "arch": "sm_90a"}')
+    assert t.set_compile_args(out_idx=[-1]).compile_settings.target == {"kind": "cuda", "arch": "sm_90a"}
+    monkeypatch.setenv("TILELANG_DEFAULT_TARGET", "{kind: cuda}")
+    with pytest.raises(ValueError, match="TILELANG_DEFAULT_TARGET.*not JSON"):
+        t.set_compile_args(out_idx=[-1])
+    monkeypatch.delenv("TILELANG_DEFAULT_TARGET")
+    assert t.set_compile_args(out_idx=[-1]).compile_settings.target == "auto"
+
+
 # ------------------------------------------------------------------------------- the decorator
 
 def test_decorator_form_tunes_once_per_shape_and_returns_a_checked_kernel():
@@ -153,6 +184,18 @@ def test_decorator_form_rejects_wrong_candidates():
     torch.testing.assert_close(kernel(a, b), a + b)  # only block_N=32 is right
     with pytest.raises(TypeError, match="tilelang.jit"):
         autotune(configs=BUGGY)(add_buggy)
+
+
+def test_decorator_refuses_jit_options_it_would_not_apply():
+    """compile_flags, debug_root_path and a non-default execution_backend given to @tilelang.jit were dropped
+    without a word; they are refused, naming the option."""
+    for jit_kwargs, match in ((dict(compile_flags=["-O0"]), "compile_flags"),
+                              (dict(debug_root_path="/tmp/x"), "debug_root_path"),
+                              (dict(execution_backend="cython"), "execution_backend='cython'")):
+        tuned = autotune(configs=BUGGY, warmup=1, rep=3, ref_prog=ref_add)(
+            tilelang.jit(out_idx=[-1], target="c", **jit_kwargs)(add_buggy))
+        with pytest.raises(NotImplementedError, match=match):
+            tuned()
 
 
 def test_decorator_without_a_right_candidate_raises():
