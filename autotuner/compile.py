@@ -355,6 +355,11 @@ def _lower_priority() -> None:
         os.nice(COMPILE_NICE)
     except OSError:  # not allowed here: compile at the worker's priority
         pass
+    try:  # the new session is a new autogroup where the kernel groups sessions (sched_autogroup_enabled):
+        with open("/proc/self/autogroup", "w") as f:  # there nice ranks only inside one, so the group's too
+            f.write(str(COMPILE_NICE))
+    except OSError:  # no autogroups here, or the write refused: the nice value above is what counts
+        pass
 
 
 def _where(fault: str, frames: int = 8) -> str:

@@ -301,8 +301,12 @@ _HOLDERS: list[ForkedProcess] = []
 def release_driver() -> None:
     """End the driver query's child if it still holds the driver (:func:`_query_forked`): called when a
     tuning job ends, whose measuring processes have started their GPUs by then."""
-    while _HOLDERS:
-        _HOLDERS.pop().kill()  # reaped by the query's reaping thread
+    while True:
+        try:
+            holder = _HOLDERS.pop()
+        except IndexError:  # none left (another thread's job may have ended at the same time)
+            return
+        holder.kill()  # reaped by the query's reaping thread
 
 
 def _open_fds() -> set[int]:

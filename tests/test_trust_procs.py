@@ -405,6 +405,11 @@ def test_compiles_run_below_the_priority_of_the_process_that_tunes(tmp_path, bac
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     seen = [int(p.read_text()) for p in tmp_path.iterdir() if p.name.startswith("nice-")]
     assert seen == [min(19, mine + COMPILE_NICE)] * 2
+    # where sessions are autogroups, the compile's session is one, and nice ranks only inside it: the group too
+    groups = [p.read_text() for p in tmp_path.iterdir() if p.name.startswith("autogroup-")]
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if groups and enabled.exists() and enabled.read_text().strip() == "1":
+        assert all(g.split()[-1] == str(COMPILE_NICE) for g in groups), groups
 
 
 def test_run_scratch_is_removed_on_error_and_ctrl_c(tmp_path, monkeypatch):

@@ -77,4 +77,9 @@ def add_noting_priority(block_M: int = 32, block_N: int = 32, salt: int = 0, pid
     ``pid_dir``."""
     with open(os.path.join(pid_dir, f"nice-{os.getpid()}"), "w") as f:
         f.write(str(os.getpriority(os.PRIO_PROCESS, 0)))
+    try:
+        with open("/proc/self/autogroup") as src, open(os.path.join(pid_dir, f"autogroup-{os.getpid()}"), "w") as f:
+            f.write(src.read())
+    except OSError:  # no autogroups on this kernel
+        pass
     return add_salted(block_M, block_N, salt)
