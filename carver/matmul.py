@@ -127,7 +127,7 @@ SPLIT_K_SEARCH = (2, 3, 4, 6, 8)
 class MatmulTemplate:
     """A GEMM problem; ``.with_arch(arch)`` binds a GPU and enables ranking."""
 
-    def __init__(self, M: int, N: int, K: int, in_dtype: str = "float16", out_dtype: str = "float16",
+    def __init__(self, M: int, N: int, K: int, in_dtype: str = "float16", out_dtype: str | None = None,
                  accum_dtype: str = "float32", trans_A: bool = False, trans_B: bool = True,
                  arch: GPUArch | str | None = None, constants: ModelConstants | None = None) -> None:
         self.problem = MatmulProblem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)

@@ -17,6 +17,7 @@ __all__ = [
     "MatmulProblem",
     "canonical_dtype",
     "check_device_bytes",
+    "default_out_dtype",
     "dtype_bytes",
     "flag",
     "int_in_range",
@@ -52,6 +53,16 @@ def canonical_dtype(dtype: object, what: str = "dtype") -> str:
     if name not in DTYPE_BYTES:
         raise ValueError(f"{what} must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
     return name
+
+
+def default_out_dtype(in_dtype: str) -> str:
+    """The output dtype of a GEMM when none is given (the one rule, for the carver and the templates):
+    fp16/bf16/fp32 GEMMs return their input dtype (a bf16 GEMM's answer can exceed fp16's 65504); fp8
+    returns fp16 (an fp8 C loses most of the answer); int8 returns int32 (its accumulator)."""
+    in_dtype = canonical_dtype(in_dtype, "in_dtype")
+    if in_dtype.startswith("float8"):
+        return "float16"
+    return "int32" if in_dtype == "int8" else in_dtype
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -129,13 +140,14 @@ def flag(value: object, what: str) -> bool:
 @dataclass(frozen=True)
 class MatmulProblem:
     """``C[M, N] = op(A) @ op(B)``: A is (M, K), or (K, M) with ``trans_A``; B is (K, N), or (N, K) with
-    ``trans_B`` (the default, the ``x @ W.T`` layout of the measured grids)."""
+    ``trans_B`` (the default, the ``x @ W.T`` layout of the measured grids). ``out_dtype`` None (the
+    default) is :func:`default_out_dtype` of ``in_dtype``: fp16 -> fp16, bf16 -> bf16, fp8 -> fp16."""
 
     M: int
     N: int
     K: int
     in_dtype: str = "float16"
-    out_dtype: str = "float16"
+    out_dtype: str | None = None
     accum_dtype: str = "float32"
     trans_A: bool = False
     trans_B: bool = True
@@ -144,7 +156,8 @@ class MatmulProblem:
         for name in ("M", "N", "K"):
             object.__setattr__(self, name, shape_dim(getattr(self, name), name))
         object.__setattr__(self, "in_dtype", canonical_dtype(self.in_dtype, "in_dtype"))
-        object.__setattr__(self, "out_dtype", canonical_dtype(self.out_dtype, "out_dtype"))
+        out_dtype = default_out_dtype(self.in_dtype) if self.out_dtype is None else self.out_dtype
+        object.__setattr__(self, "out_dtype", canonical_dtype(out_dtype, "out_dtype"))
         object.__setattr__(self, "accum_dtype", canonical_dtype(self.accum_dtype, "accum_dtype"))
         object.__setattr__(self, "trans_A", flag(self.trans_A, "trans_A"))
         object.__setattr__(self, "trans_B", flag(self.trans_B, "trans_B"))

@@ -153,9 +153,30 @@ def carver_arch_name(arch: Any, target: Any, resolved: ResolvedTarget) -> Any:
         return arch
     if resolved.kind != "cuda":
         return None
-    if target is None or (isinstance(target, str) and target in ("auto", "cuda")):
+    if _wants_gpu(target):
         return "cuda"
     return resolved.arch
+
+
+def _wants_gpu(target: Any) -> bool:
+    """Whether ``target`` is written as "auto", "cuda" or None: the local GPU, not an arch it names."""
+    return target is None or (isinstance(target, str) and target in ("auto", "cuda"))
+
+
+def _check_arch_matches_target(arch: GPUArch, target: Any, resolved: ResolvedTarget) -> None:
+    """A ValueError when the GPU the carver is told to model (``arch``) is not the one the explicit
+    ``target`` compiles for (``arch="H100"`` with ``sm_80``): its rules would judge kernels built for
+    another GPU (a config H100's shared memory holds does not launch on an sm_80 GPU)."""
+    match = re.match(r"^sm_(\d+)", resolved.arch or "")
+    if resolved.kind != "cuda" or match is None or int(match.group(1)) == getattr(arch, "sm_version", None):
+        return
+    if not hasattr(arch, "compute_capability"):
+        return
+    major, minor = arch.compute_capability
+    raise ValueError(f"arch {arch.name!r} (sm_{major}{minor}) and target {target!r} (compiles for "
+                     f"{resolved.arch}) name different GPUs; pass the target of that GPU "
+                     f"({{'kind': 'cuda', 'arch': 'sm_{major}{minor}{'a' if major == 9 else ''}'}}), or an arch "
+                     f"for {resolved.arch} (or leave arch out: the target's arch is then the one modelled)")
 
 
 def _accepted(kinds: tuple[str, ...]) -> str:
@@ -239,10 +260,11 @@ class TemplateBase:
                 f"was compiled; compile without one with target={{'kind': 'cuda', 'arch': 'sm_90a'}}")
 
     # ------------------------------------------------------------------ shared flow
-    def as_config(self, problem: Any, config: Any) -> TemplateConfig:
-        """One config (a dict or a config object) checked against the problem by the rules no GPU escapes."""
+    def as_config(self, problem: Any, config: Any, arch: GPUArch | None = None) -> TemplateConfig:
+        """One config (a dict or a config object) checked against the problem by the rules no GPU escapes,
+        and with ``arch`` by that GPU's too (its shared memory, registers, instructions)."""
         cfg = config if isinstance(config, self.config_type) else self.config_type.from_dict(config)
-        problems = self.check(problem, cfg, None)
+        problems = self.check(problem, cfg, arch)
         if problems:
             raise ValueError("; ".join(problems))
         return cfg
@@ -274,7 +296,7 @@ class TemplateBase:
         if isinstance(target, ResolvedTarget):
             resolved = target
         else:
-            wants_gpu = target is None or (isinstance(target, str) and target in ("auto", "cuda"))
+            wants_gpu = _wants_gpu(target)
             try:
                 resolved = resolve_target("auto" if wants_gpu else target_spec(target))
             except (TypeError, ValueError) as e:
@@ -293,6 +315,8 @@ class TemplateBase:
             from carver.arch import CUDA
 
             name = CUDA(name)
+        if arch is not None and not _wants_gpu(target):
+            _check_arch_matches_target(name, target, resolved)
         return Resolved(resolved, name)
 
     def validator(self, problem: Any, arch: GPUArch | None) -> Callable[[Mapping[str, Any]], list[str]]:
@@ -301,13 +325,15 @@ class TemplateBase:
 
     def compile(self, problem: Any, config: Any = None, target: Any = "auto", arch: Any = None) -> Any:
         """Compile one config (as given, or the carver's top-1 when None: no tuning, one compile) into a
-        callable that allocates and returns the outputs. Everything is checked before anything compiles."""
+        callable that allocates and returns the outputs. Everything is checked before anything compiles: a
+        given config by :meth:`check` on the GPU the target compiles for (``arch``, else the target's arch),
+        so one that GPU cannot launch is a ValueError with the check's reasons."""
         problem = self.as_problem(problem)
         where = self.resolve(problem, target, arch, what=f"templates.{self.name}.compile(target={target!r})")
         if config is None:
             cfg = self.candidates(problem, where.arch, 1, variants=False)[0]
         else:
-            cfg = self.as_config(problem, config)
+            cfg = self.as_config(problem, config, where.arch)  # the rules of the GPU it is compiled for
         from autotuner.compile import tl_compile
 
         return tl_compile(self.program(problem, cfg), where.target.tvm(), dict(cfg.pass_configs) or None,

@@ -12,7 +12,7 @@ from carver.arch import CUDA
 from carver.attention import AttentionTemplate, check_attention_config
 from templates import attention
 from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
-from templates.attention.space import PER_BLOCK, WS_TOP
+from templates.attention.space import PER_BLOCK, WS_TOP, ws_space
 from templates.protocol import CUDAUnavailableError, Template, TuneOptions
 
 LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
@@ -291,3 +291,17 @@ def test_tune_end_to_end():
     K, V = (torch.randn(1, 1000, 2, 128, device="cuda").half() for _ in "KV")
     ref = attention.ref_program(Q, K, V, causal=True).float()
     assert torch.allclose(k(Q, K, V).float(), ref, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("topk", [0, -1, True, 2.5])
+def test_candidates_refuse_a_topk_that_is_not_a_positive_int_as_matmul_does(topk):
+    with pytest.raises(ValueError, match=f"topk must be a positive int, got {topk!r}"):
+        ATTENTION.candidates(AttentionProblem(**LLAMA), CUDA("H100"), topk)
+
+
+def test_a_gpu_name_is_taken_wherever_an_arch_is():
+    p = AttentionProblem(**LLAMA, causal=True)
+    assert ATTENTION.candidates(p, "H100", 8) == ATTENTION.candidates(p, CUDA("H100"), 8)
+    c = cfg(64, 64, 2, 128)
+    assert ATTENTION.check(p, c, "A100-80GB") == ATTENTION.check(p, c, CUDA("A100-80GB")) != []
+    assert ws_space(p, "H100") == ws_space(p, CUDA("H100"))

@@ -311,3 +311,19 @@ def test_the_first_cp_async_variant_is_measured_with_its_narrower_k_step_twin():
     # 14336 x 4096: the first variant is 128 columns wide, and the grid has no narrower step: no twin
     extra = [c for c in GEMV.candidates(GemvProblem(4, 14336, 4096), CUDA("H200"), 8) if not c.tma]
     assert len(extra) == 2 and extra[0].block_K == 128
+
+
+@pytest.mark.parametrize("topk", [0, -1, True, 2.5])
+def test_candidates_refuse_a_topk_that_is_not_a_positive_int_as_matmul_does(topk):
+    with pytest.raises(ValueError, match=f"topk must be a positive int, got {topk!r}"):
+        GEMV.candidates(GemvProblem(4, 4096, 4096), CUDA("H100"), topk)
+
+
+def test_compile_checks_a_given_config_on_the_gpu_and_refuses_an_arch_not_the_targets():
+    p = GemvProblem(16, 4096, 4096)
+    with pytest.raises(ValueError, match=r"arch 'H100' \(sm_90\) and target .*sm_80.* name different GPUs"):
+        GEMV.compile(p, None, target={"kind": "cuda", "arch": "sm_80"}, arch="H100")
+    deep = GemvConfig(path="mma", block_N=32, block_K=256, thread_num=128, num_stages=8)  # 192 KB of smem
+    assert GEMV.check(p, deep) == []  # the rules no GPU escapes (H100's 227 KB) pass it; A100's 163 KB do not
+    with pytest.raises(ValueError, match="shared memory, over A100.*use num_stages <= 6"):
+        GEMV.compile(p, deep, target="sm_80")

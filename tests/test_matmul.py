@@ -400,3 +400,21 @@ def test_candidates_refuse_a_topk_that_is_not_a_positive_int():
         with pytest.raises((TypeError, ValueError), match="topk"):
             space.candidates(p, CUDA("H100"), bad)
     assert space.candidates(p, CUDA("H100"), 1)[0] == space.candidates(p, CUDA("H100"), 8)[0]
+
+
+def test_a_problems_out_dtype_defaults_to_its_inputs_as_make_problem_does():
+    # a bf16 GEMM's answer can exceed fp16's 65504: an fp16 C would be inf, and so would the reference's
+    for in_dtype, out in (("float16", "float16"), ("bfloat16", "bfloat16"), ("float8_e4m3", "float16")):
+        problem = mm.MatmulProblem(64, 64, 64, in_dtype)
+        assert problem.out_dtype == out == mm.make_problem(64, 64, 64, in_dtype).out_dtype
+    assert mm.MatmulProblem(64, 64, 64, "bf16", "float32").out_dtype == "float32"  # given: kept
+    assert mm.MatmulProblem(64, 64, 64) == mm.MatmulProblem(64, 64, 64, "float16", "float16")
+    from carver import MatmulTemplate
+
+    assert MatmulTemplate(64, 64, 64, in_dtype="bfloat16").problem.out_dtype == "bfloat16"
+
+
+def test_candidates_take_a_gpu_name_as_check_and_the_gemv_family_do():
+    p = mm.MatmulProblem(4096, 4096, 4096)
+    assert mm.MATMUL.candidates(p, "H100", 4) == mm.MATMUL.candidates(p, CUDA("H100"), 4)
+    assert mm.MATMUL.candidates(p, "A100-80GB", 2) == mm.MATMUL.candidates(p, CUDA("A100-80GB"), 2)

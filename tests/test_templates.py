@@ -299,7 +299,7 @@ def test_the_carvers_arch_comes_from_the_resolved_target():
     where = mm.MATMUL.resolve(None, "sm_80")
     assert where.target.arch == "sm_80" and where.arch == CUDA("sm_80") and where.arch.name.startswith("A100")
     assert mm.MATMUL.resolve(None, SM90A, arch="H200").arch == CUDA("H200")
-    assert mm.MATMUL.resolve(None, SM90A, arch=CUDA("L40S")).arch.name == "L40S"
+    assert mm.MATMUL.resolve(None, "sm_89", arch=CUDA("L40S")).arch.name == "L40S"
     assert ADD.resolve(AddProblem(8), "c").arch is None
 
 
@@ -331,3 +331,24 @@ def test_the_matmul_family_ranks_with_the_carver_and_is_the_same_as_the_loose_ap
     ref = mm.MATMUL.reference(mm.MatmulProblem(8, 6, 4, "bfloat16", "float32", trans_B=False))
     out = ref(torch.ones(8, 4, dtype=torch.bfloat16), torch.ones(4, 6, dtype=torch.bfloat16))
     assert out.dtype == torch.float32 and out.shape == (8, 6) and math.isclose(out[0, 0].item(), 4.0)
+
+
+def test_compile_checks_a_given_config_on_the_gpu_it_compiles_for(monkeypatch):
+    monkeypatch.setattr(tilelang, "compile", lambda func, out_idx, target, pass_configs: target)
+    problem = mm.make_problem(4096, 4096, 4096)
+    big = dict(BEST, block_M=256, block_K=128, num_stages=4)  # legal on no GPU, too big for H100's smem
+    assert mm.MATMUL.check(problem, mm.MatmulConfig(**big)) == []  # the rules no GPU escapes pass it
+    with pytest.raises(ValueError, match="shared memory, over H100's"):
+        mm.MATMUL.compile(problem, big, target=SM90A)
+    with pytest.raises(ValueError, match="shared memory, over A100"):
+        mm.MATMUL.compile(problem, dict(BEST, num_stages=4), target="sm_80")  # 192 KB: fits H100, not A100
+    assert str(mm.MATMUL.compile(problem, BEST, target=SM90A).attrs["arch"]) == "sm_90a"
+
+
+def test_an_arch_that_is_not_the_targets_gpu_is_refused_naming_both():
+    with pytest.raises(ValueError, match=r"arch 'H100' \(sm_90\) and target 'sm_80' \(compiles for sm_80\) name "
+                                         r"different GPUs; pass the target of that GPU .*'sm_90a'"):
+        mm.MATMUL.resolve(None, "sm_80", arch="H100")
+    with pytest.raises(ValueError, match="name different GPUs"):
+        mm.MATMUL.tuner(mm.MatmulProblem(4096, 4096, 4096), TuneOptions(arch="A100-80GB", target=SM90A))
+    assert mm.MATMUL.resolve(None, SM90A, arch="H100").arch == CUDA("H100")  # sm_90 and sm_90a: one GPU

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from carver.arch import CUDA
 from carver.attention import (
     ATTENTION_GRID,
     AttentionTemplate,
@@ -17,6 +18,7 @@ from carver.attention import (
     attention_ws_space,
     check_attention_config,
 )
+from carver.problem import positive_int
 
 from .config import AttentionConfig, AttentionProblem
 
@@ -53,7 +55,7 @@ def ws_space(problem: AttentionProblem, arch: GPUArch | None = None) -> list[Att
     grid = [AttentionConfig(**c) for c in attention_ws_space() if not check_attention_config(problem, c)]
     if arch is None:
         return grid
-    sms = arch.sm_count
+    sms = CUDA(arch).sm_count  # a GPU name ("H100") or a GPUArch
     return grid + [dataclasses.replace(c, persistent=sms) for c in grid if tiles(problem, c) > sms]
 
 
@@ -64,7 +66,7 @@ def tiles(problem: AttentionProblem, config: AttentionConfig) -> int:
 
 def check(problem: AttentionProblem, config: AttentionConfig, arch: GPUArch | None = None) -> list[str]:
     """Why ``config`` cannot run for ``problem`` (empty: legal): the carver's attention rules, on ``arch``."""
-    return check_attention_config(problem, config.kernel_kwargs(), arch)
+    return check_attention_config(problem, config.kernel_kwargs(), None if arch is None else CUDA(arch))
 
 
 def require(problem: AttentionProblem, config: AttentionConfig) -> None:
@@ -81,7 +83,9 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
     tuning measures the hand-scheduled loop beside the T.Pipelined one and keeps the faster."""
     if arch is None:
         raise ValueError("the attention template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    topk = positive_int(topk, "topk")  # the matmul family's check: 0, -1, True and 2.5 are refused
     tmpl = carver_template(problem, arch)
+    arch = tmpl.arch  # a GPU name ("H100") resolved by carver.arch.CUDA
     ranked = [AttentionConfig(**c) for c in tmpl.rank(c.kernel_kwargs() for c in space(problem)).configs]
     picked: list[AttentionConfig] = []
     seen: dict[tuple[int, int], int] = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from carver.problem import positive_int
 from carver.templates import GEMVTemplate, gemv_space
 
 from .config import GemvConfig, GemvProblem
@@ -93,6 +94,7 @@ def candidates(problem: GemvProblem, arch: GPUArch | None, topk: int, variants: 
     hints the stored grids score."""
     if arch is None:
         raise ValueError("the gemv template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
+    topk = positive_int(topk, "topk")  # the matmul family's check: 0, -1, True and 2.5 are refused
     tmpl = carver_template(problem, arch)
     grid = [c.carver_dict() for c in space(problem)]
     ranked_all = [GemvConfig(**c) for c in tmpl.rank(grid).configs]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from carver.problem import MatmulProblem, canonical_dtype, dtype_bytes
+from carver.problem import MatmulProblem, canonical_dtype, default_out_dtype, dtype_bytes
 from carver.validity import CONFIG_KEYS as MATMUL_CONFIG_KEYS
 from carver.validity import KERNEL_KEYS, require_matmul_config
 from carver.validity import OPTIONAL_KEYS as CARVER_OPTIONAL_KEYS
@@ -80,8 +80,9 @@ def check_dtype(value: object, allowed: Sequence[str], what: str) -> str:
 
 
 def default_out(in_dtype: str) -> str:
-    """fp16/bf16 GEMMs return their input dtype; fp8 returns fp16 (an fp8 C loses most of the answer)."""
-    return "float16" if in_dtype == "float8_e4m3" else in_dtype
+    """fp16/bf16 GEMMs return their input dtype; fp8 returns fp16 (an fp8 C loses most of the answer):
+    :func:`carver.problem.default_out_dtype`, the one rule ``MatmulProblem(out_dtype=None)`` follows too."""
+    return default_out_dtype(in_dtype)
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -101,12 +101,18 @@ def carver_template(
     """The carver's model of this kernel on ``arch`` (a name such as "H100", "sm_90a", "cuda" for the
     local GPU, or an arch object): ``.recommend_hints(topk)``, ``.validate(config)``, ``.rank(configs)``."""
     from carver import MatmulTemplate
-    from carver import arch as carver_arch
 
     p = make_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
     tmpl = MatmulTemplate(M=p.M, N=p.N, K=p.K, in_dtype=p.in_dtype, out_dtype=p.out_dtype,
                           accum_dtype=p.accum_dtype, trans_A=p.trans_A, trans_B=p.trans_B)
-    return tmpl.with_arch(carver_arch.CUDA(arch) if isinstance(arch, str) else arch)
+    return tmpl.with_arch(_gpu(arch))
+
+
+def _gpu(arch: Any) -> Any:
+    """A GPU name ("H100", "sm_90a", "cuda") as ``carver.arch.CUDA`` describes it; an arch object as it is."""
+    from carver import arch as carver_arch
+
+    return carver_arch.CUDA(arch) if isinstance(arch, str) else arch
 
 
 def _carver_for(problem: MatmulProblem, arch: Any) -> Any:
@@ -353,6 +359,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     topk = positive_int(topk, "topk")  # checked here: the ranking below asks for at least ROW_HEDGE_DEPTH
+    arch = _gpu(arch)  # a GPU name ("H100") as check and the gemv family take it
     ranked = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), max(topk, ROW_HEDGE_DEPTH))]
     hints = ranked[:topk]
     out = hints + [c for c in row_tile_hedge(problem, ranked) if c not in hints]
@@ -382,7 +389,7 @@ def split_k_candidates(
 
 def hopper_variants(
     configs: Sequence[Mapping[str, Any]], M: int, N: int, K: int, num_sms: int, smem_per_block: int,
-    in_dtype: str = "float16", out_dtype: str = "float16", top: int = 3, persistent_max_k_iters: int = 16,
+    in_dtype: str = "float16", out_dtype: str | None = None, top: int = 3, persistent_max_k_iters: int = 16,
 ) -> list[dict[str, Any]]:
     """:func:`hopper_variants_for` for config dicts (each checked first; the first bad one says which)."""
     in_dtype = check_dtype(in_dtype, IN_DTYPES, "in_dtype")
