@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ResolvedTarget", "default_target", "resolve_target"]
+__all__ = ["ResolvedTarget", "cuda_arch", "default_target", "resolve_target"]
 
 #: TileLang's environment variable for the target a ``None`` target means (a name, or a JSON dict).
 DEFAULT_TARGET_ENV = "TILELANG_DEFAULT_TARGET"
@@ -79,9 +79,13 @@ def _local_cuda_arch(prefetch_tilelang: bool = True) -> tuple[str, str] | None:
         return None
     if not gpus:
         return None
-    major, minor = gpus[0]["capability"]
-    arch = f"sm_{major}{minor}" + ("a" if major == 9 else "")
-    return arch, gpus[0]["name"]
+    return cuda_arch(*gpus[0]["capability"]), gpus[0]["name"]
+
+
+def cuda_arch(major: int, minor: int) -> str:
+    """The target arch a GPU of compute capability ``major.minor`` is built for: ``sm_XY``, with ``a`` on
+    Hopper (``sm_90a``: wgmma needs it)."""
+    return f"sm_{major}{minor}" + ("a" if major == 9 else "")
 
 
 _ARCH = re.compile(r"^sm_\d{2,3}[af]?$")

@@ -17,8 +17,9 @@ times every distinct winner of a mode side by side in one process (5 interleaved
 winner or within 1%" is judged on one GPU at one time. ``pairs`` has, per mode and arm, the wall time
 over ``1gpu``'s and over ``all``'s (the Ray target: ``ray`` within 1.10 of ``all``). The clock starts
 after ``import tilelang`` in every arm (TileLang's arm always had it so, and a script that writes a TileLang
-kernel has imported it before it tunes); ``tilelang_import_s`` is that import, and ``with_import_over_*``
-the same ratios with it counted in every arm, as this benchmark counted them before 2026-11-28.
+kernel has imported it before it tunes); ``tilelang_import_s`` is that import, timed in every arm, and
+``with_import_over_*`` the same ratios with it counted, as this benchmark counted them for tilecarve's arms
+before 2026-11-28.
 
 Each tuning arm's JSON has the job's ``timeline`` (autotuner/timeline.py): ``events`` as
 ``[t, what, where]``, t in seconds since the plan started, and per device ``measured``, ``ready_s``,
@@ -79,11 +80,11 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     arm = args.child.split("-")[0].removesuffix("_spawn")
     out: dict[str, Any] = {"mode": args.child, "n_configs": len(configs),
                            "measure_start": os.environ.get("TILECARVE_MEASURE_START", "fork")}
+    t0 = time.perf_counter()
+    import tilelang  # noqa: F401 - before every arm's clock, as any script that writes a TileLang kernel has it
+    out["tilelang_import_s"] = round(time.perf_counter() - t0, 2)
     if arm == "tl":
         return {**out, **tilelang_tune(problem, spread(mm.default_space(*args.shape), args.configs)), **gpus(torch)}
-    t0 = time.perf_counter()
-    import tilelang  # noqa: F401 - before the clock, as in TileLang's arm and any script that writes a TileLang kernel
-    out["tilelang_import_s"] = round(time.perf_counter() - t0, 2)
     tuning: dict[str, Any] = {"devices": "all"} if arm == "all" else {}
     if arm == "ray":
         import ray

@@ -167,15 +167,16 @@ def _check_arch_matches_target(arch: GPUArch, target: Any, resolved: ResolvedTar
     """A ValueError when the GPU the carver is told to model (``arch``) is not the one the explicit
     ``target`` compiles for (``arch="H100"`` with ``sm_80``): its rules would judge kernels built for
     another GPU (a config H100's shared memory holds does not launch on an sm_80 GPU)."""
-    match = re.match(r"^sm_(\d+)", resolved.arch or "")
-    if resolved.kind != "cuda" or match is None or int(match.group(1)) == getattr(arch, "sm_version", None):
+    from autotuner.target import cuda_arch
+
+    if resolved.arch is None or not hasattr(arch, "compute_capability"):
         return
-    if not hasattr(arch, "compute_capability"):
+    want = cuda_arch(*arch.compute_capability)
+    if resolved.arch.rstrip("af") == want.rstrip("a"):  # sm_90a, sm_90, sm_100f: the same GPU's targets
         return
-    major, minor = arch.compute_capability
-    raise ValueError(f"arch {arch.name!r} (sm_{major}{minor}) and target {target!r} (compiles for "
+    raise ValueError(f"arch {arch.name!r} ({want.rstrip('a')}) and target {target!r} (compiles for "
                      f"{resolved.arch}) name different GPUs; pass the target of that GPU "
-                     f"({{'kind': 'cuda', 'arch': 'sm_{major}{minor}{'a' if major == 9 else ''}'}}), or an arch "
+                     f"({{'kind': 'cuda', 'arch': '{want}'}}), or an arch "
                      f"for {resolved.arch} (or leave arch out: the target's arch is then the one modelled)")
 
 

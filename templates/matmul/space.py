@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from carver.arch import GPUArch
+from carver.arch import CUDA, GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
 from carver.validity import C_ON_RING, check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
 from carver.ws_model import WS_CONSTANTS, WSConstants, predict_pipelined_us, predict_ws_us
@@ -29,7 +29,6 @@ from .config import (
     MatmulConfig,
     check_dtype,
     checked_configs,
-    default_out,
     kernel_part,
     make_problem,
     normalize_config,
@@ -105,14 +104,7 @@ def carver_template(
     p = make_problem(M, N, K, in_dtype, out_dtype, accum_dtype, trans_A, trans_B)
     tmpl = MatmulTemplate(M=p.M, N=p.N, K=p.K, in_dtype=p.in_dtype, out_dtype=p.out_dtype,
                           accum_dtype=p.accum_dtype, trans_A=p.trans_A, trans_B=p.trans_B)
-    return tmpl.with_arch(_gpu(arch))
-
-
-def _gpu(arch: Any) -> Any:
-    """A GPU name ("H100", "sm_90a", "cuda") as ``carver.arch.CUDA`` describes it; an arch object as it is."""
-    from carver import arch as carver_arch
-
-    return carver_arch.CUDA(arch) if isinstance(arch, str) else arch
+    return tmpl.with_arch(arch)  # a name goes through carver.arch.CUDA there
 
 
 def _carver_for(problem: MatmulProblem, arch: Any) -> Any:
@@ -359,7 +351,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     topk = positive_int(topk, "topk")  # checked here: the ranking below asks for at least ROW_HEDGE_DEPTH
-    arch = _gpu(arch)  # a GPU name ("H100") as check and the gemv family take it
+    arch = CUDA(arch)  # a GPU name ("H100") as check and the gemv family take it; an arch as it is
     ranked = [MatmulConfig.from_dict(c) for c in hint_configs(_carver_for(problem, arch), max(topk, ROW_HEDGE_DEPTH))]
     hints = ranked[:topk]
     out = hints + [c for c in row_tile_hedge(problem, ranked) if c not in hints]
@@ -394,7 +386,7 @@ def hopper_variants(
     """:func:`hopper_variants_for` for config dicts (each checked first; the first bad one says which)."""
     in_dtype = check_dtype(in_dtype, IN_DTYPES, "in_dtype")
     # any output dtype the carver knows: only its size counts
-    problem = MatmulProblem(M, N, K, in_dtype, default_out(in_dtype) if out_dtype is None else out_dtype)
+    problem = MatmulProblem(M, N, K, in_dtype, out_dtype)  # None: the input's default (default_out_dtype)
     num_sms = positive_int(num_sms, "num_sms")
     smem_per_block = positive_int(smem_per_block, "smem_per_block")
     top = int_in_range(top, "top", 0, 2**31 - 1)
