@@ -36,7 +36,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import forking, procs, spares
@@ -63,6 +63,8 @@ from .compile import (
 )
 from .config import config_label
 from .errors import CudaContextLost, TuningInputError
+from .scratch import input_positions
+from .scratch import positions as scratch_positions
 from .settings import CheckSettings, TimingSettings, resolve_out_idx
 from .timing import Timing, l2_flush_buffer, time_callable
 from .trial import Status, Trial, error_headline, format_error
@@ -126,7 +128,7 @@ def _resolve_names(wanted: tuple[int | str, ...], names: list[str], what: str) -
 class _Case:
     """The buffers every candidate of one parameter signature runs on, and what may change in them.
 
-    ``pristine`` holds a copy of every argument that is not a pure output: after each call the
+    ``pristine`` holds a copy of every argument that is neither a pure output nor scratch: after each call the
     guarded ones are compared with it bit for bit (a candidate that writes to an input is a
     mismatch, and the input is restored before the next candidate), and ``restore`` arguments are
     copied back from it before every call.
@@ -139,6 +141,7 @@ class _Case:
     restore: list[int]
     guarded: list[int]
     pristine: dict[int, Any]
+    scratch: list[int] = field(default_factory=list)  # poisoned like outputs, never compared (:mod:`.scratch`)
     refs: list[Any] | None = None  # the reference's outputs, made at the first check (re-timing needs none)
     ref_latency: float | None = None  # the reference timed on these inputs, when it was timed on them
 
@@ -146,7 +149,7 @@ class _Case:
         """Outputs poisoned (when checking; ``second``: with the second poison, :func:`.check.poison_`),
         reset-to-zero arguments zeroed, restored ones restored."""
         if poison:
-            for i in self.out_idx:
+            for i in self.out_idx + self.scratch:
                 if i not in self.zero and i not in self.restore:
                     poison_(self.args[i], second)
         for i in self.zero:
@@ -244,20 +247,21 @@ class Bench:
             return self._cases[sig]
         names = param_names(jit)
         out_idx, zero, restore = resolve_roles(s.out_idx, s.reset_to_zero, s.restore_value, names)
+        scratch = [i for i in scratch_positions(jit) if i not in out_idx]
         try:
-            args = make_args(jit.params, out_idx, s.supply_type, device)
+            args = make_args(jit.params, out_idx + scratch, s.supply_type, device)
         except (ValueError, TypeError) as e:
             raise TuningInputError(str(e)) from e
+        ins = input_positions(len(args), out_idx, scratch)
         if s.supply_prog is not None:  # the user's inputs in place of generated ones; outputs stay poisoned
-            ins = [i for i in range(len(args)) if i not in out_idx]
             for i, given in zip(ins, supplied_inputs(s.supply_prog, [jit.params[i] for i in ins], device)):
                 args[i] = given
         for i in restore:  # restore_value outputs start from generated data, like inputs
             if i in out_idx:
                 args[i] = make_args([jit.params[i]], [], s.supply_type, device, seed=1000 + i)[0]
-        pristine = {i: a.clone() for i, a in enumerate(args) if i not in out_idx or i in restore}
+        pristine = {i: a.clone() for i, a in enumerate(args) if i in ins or i in restore}
         guarded = [i for i in pristine if i not in zero and i not in restore]
-        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine)
+        self._cases[sig] = _Case(args, names, out_idx, zero, restore, guarded, pristine, scratch)
         self.stamps.append((time.time(), f"inputs made{self.tag}"))
         return self._cases[sig]
 

@@ -91,12 +91,21 @@ def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None 
     first compile than a fresh elaboration of the same config: the winner's check then flagged a
     factory that does depend on its arguments only (the cp.async GEMV, H200, 2026-11-23), and the
     measuring side, loading the pickled PrimFunc, missed the disk cache and compiled it again.
+
+    A PrimFunc with scratch parameters (:mod:`.scratch`) compiled with ``out_idx`` has TileLang allocate
+    them too, per call, and comes back as a :class:`.scratch.HiddenScratch` that returns the outputs alone.
     """
     import tilelang
 
-    if out_idx is not None:
-        out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
-    return tilelang.compile(_private_copy(func), out_idx=out_idx, target=target_spec, pass_configs=pass_configs)
+    from .scratch import HiddenScratch, positions
+
+    if out_idx is None:
+        return tilelang.compile(_private_copy(func), out_idx=None, target=target_spec, pass_configs=pass_configs)
+    out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
+    scratch = [i for i in positions(func) if i not in out_idx]
+    jit = tilelang.compile(_private_copy(func), out_idx=out_idx + scratch, target=target_spec,
+                           pass_configs=pass_configs)
+    return HiddenScratch(jit, out_idx, scratch) if scratch else jit
 
 
 def _private_copy(func: Any) -> Any:

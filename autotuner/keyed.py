@@ -37,6 +37,7 @@ from .cache import TuningDB, function_fingerprint
 from .compile import tl_compile
 from .config import as_reasons, config_label, merge_pass_configs, normalize_configs, split_config
 from .errors import KeyRefused, TuningError
+from .scratch import input_positions, positions
 from .table import Entry, KernelSection, TableError, TunedTable, load_table, typed_key
 
 __all__ = ["KeyedKernel", "add_listener", "capturing", "keyed_kernel", "remove_listener", "tune_keys", "untuned",
@@ -337,8 +338,10 @@ class KeyedKernel:
                           shaped: list, device: str, ref_prog: Any) -> None:
         from .check import compare, make_args, parse_supply_type, run_reference
 
-        args = make_args(shaped, outs_at, parse_supply_type(self.compile_args.get("supply_type")), device, seed=7)
-        ins = [a for i, a in enumerate(args) if i not in outs_at]
+        scratch = positions(jit)
+        args = make_args(shaped, outs_at + scratch, parse_supply_type(self.compile_args.get("supply_type")), device,
+                         seed=7)
+        ins = [args[i] for i in input_positions(len(args), outs_at, scratch)]
         refs = run_reference(ref_prog, [a.clone() for a in ins], len(outs_at), [tuple(args[i].shape) for i in outs_at])
         got = jit(*ins)
         got = list(got) if isinstance(got, (list, tuple)) else [got]
@@ -611,8 +614,8 @@ class _SharedDimsChecked:
     def __init__(self, jit: Any) -> None:
         self.jit_kernel = jit
         self._params = list(jit.params)
-        outs = set(jit.out_idx or [])
-        self._inputs = [p for i, p in enumerate(self._params) if i not in outs]  # a call passes these alone
+        ins = input_positions(len(self._params), jit.out_idx or [], positions(jit))
+        self._inputs = [self._params[i] for i in ins]  # a call passes these alone
 
     def __call__(self, *args: Any) -> Any:
         from .check import check_shared_dims

@@ -45,7 +45,9 @@ class TunedProfiler(Profiler):
     @classmethod
     def of(cls, kernel: Any, supply_type: Any = None) -> TunedProfiler:
         supply = TensorSupplyType.Auto if supply_type is None else supply_type
-        return cls(list(kernel.jit_kernel.params), list(kernel.out_idx), supply, kernel, kernel._device)
+        # scratch parameters (autotuner.scratch) count as results: the profiler makes no input for them
+        return cls(list(kernel.jit_kernel.params), list(kernel.out_idx) + list(kernel.scratch), supply, kernel,
+                   kernel._device)
 
     def _sync(self) -> None:
         if self.device == "cuda":

@@ -61,6 +61,7 @@ from .config import (
 )
 from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
+from .scratch import positions as scratch_positions
 from .settings import (
     TIMING_BACKENDS,
     CheckSettings,
@@ -85,9 +86,10 @@ class TunedKernel:
 
     Candidates are compiled with every buffer as an argument, so the tuner can hand them
     NaN-poisoned outputs; this wrapper allocates the outputs named by ``out_idx`` (zeroed when
-    they are in ``reset_to_zero``) and returns them. It takes the arguments the reference takes:
-    every argument but the pure outputs (an output in ``restore_value`` is updated in place, so it
-    is passed in and returned). Passing every buffer yourself also works (and returns ``None``).
+    they are in ``reset_to_zero``) and returns them, and its scratch buffers (:mod:`.scratch`), which
+    it does not return. It takes the arguments the reference takes: every argument but the pure
+    outputs and the scratch (an output in ``restore_value`` is updated in place, so it is passed in
+    and returned). Passing every buffer yourself also works (and returns ``None``).
     Other attributes (``get_kernel_source()``...) come from the underlying ``tilelang`` ``JITKernel``.
     """
 
@@ -99,12 +101,14 @@ class TunedKernel:
         self._inout = set(inout or [])
         self._device = device
         self._specs = [(list(map(int, p.shape)), p.dtype) for p in jit_kernel.params]
+        #: scratch parameters (:mod:`.scratch`): allocated per call, on the current stream, never returned
+        self.scratch = [i for i in scratch_positions(jit_kernel) if i not in out_idx]
 
     def __call__(self, *args: Any) -> Any:
         import torch
 
         n = len(self._specs)
-        n_in = n - len(self.out_idx) + len(self._inout)
+        n_in = n - len(self.out_idx) + len(self._inout) - len(self.scratch)
         for i, a in enumerate(args):  # TileLang's C-target adapter takes None for a tensor and crashes the process
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"argument {i} is {type(a).__name__} ({a!r:.60}), not a torch.Tensor; the kernel "
@@ -119,7 +123,7 @@ class TunedKernel:
         it = iter(args)
         full, outs = [], []
         for i, (shape, dtype) in enumerate(self._specs):
-            if i in self.out_idx and i not in self._inout:
+            if (i in self.out_idx and i not in self._inout) or i in self.scratch:
                 make = torch.zeros if i in self._zero else torch.empty
                 t = make(shape, dtype=torch_dtype(dtype), device=device)
             else:

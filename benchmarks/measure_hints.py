@@ -114,8 +114,9 @@ def _kernel_func(M: int, N: int, K: int, cfg: dict[str, Any], dtype: str) -> Any
 
 
 def run_child(a: argparse.Namespace) -> int:
-    import tilelang
     import torch
+
+    from autotuner.compile import tl_compile
 
     _ensure_do_bench()
     from measure_gemm_grid import grid_configs
@@ -176,8 +177,8 @@ def run_child(a: argparse.Namespace) -> int:
     def build(c: dict[str, Any]) -> tuple[Any, str | None, float]:
         t = time.time()
         try:
-            return tilelang.compile(_kernel_func(M, N, K, c, dtype), out_idx=[-1], target="cuda"), None, \
-                time.time() - t
+            # tl_compile: a split-K config's workspace is a scratch parameter it allocates per call
+            return tl_compile(_kernel_func(M, N, K, c, dtype), "cuda", out_idx=[-1]), None, time.time() - t
         except Exception as e:  # noqa: BLE001 - a failing config is a result, recorded with its error
             return None, f"{type(e).__name__}: {str(e)[-300:]}", time.time() - t
 

@@ -68,8 +68,15 @@ def test_layouts_build_with_the_right_buffers(dtype, trans_A, trans_B, split_k):
 
 
 def test_split_k_sums_a_workspace_in_a_second_kernel():
-    text = mm.kernel(64, 4096, 4096, **SMALL_M, split_k=4).script()
-    assert "W = T.sblock_alloc_buffer((4, 64, 4096))" in text  # fp32 partials, no atomics, no zero-fill
+    from autotuner import scratch
+
+    func = mm.kernel(64, 4096, 4096, **SMALL_M, split_k=4)
+    text = func.script()
+    # fp32 partials, no atomics, no zero-fill; a scratch parameter before C, which the caller allocates
+    # per call (not T.alloc_global, a block of TVM's per-thread pool that other streams share)
+    names = [str(func.buffer_map[p].name) for p in func.params]
+    assert names == ["A", "B", "W", "C"] and scratch.positions(func) == [2]
+    assert "W = T.match_buffer(W_handle, (4, 64, 4096)" in text and "alloc_buffer((4, 64, 4096)" not in text
     assert text.count('thread="blockIdx.x"') == 2
     assert "atomic" not in text
 

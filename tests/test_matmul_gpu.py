@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autotuner import scratch
 from carver.validity import C_ON_RING
 from templates import matmul as mm
 
@@ -137,7 +138,10 @@ def test_correct_against_torch(name, compiled):
     in_dtype = kw.get("in_dtype", "float16")
     A, B, ref = make_inputs(M, N, K, in_dtype, kw.get("trans_A", False), kw.get("trans_B", True))
     C = torch.full((M, N), float("nan"), device="cuda", dtype=mm.torch_dtype(kw.get("out_dtype", "float16")))
-    jit(A, B, C)
+    # a split-K config's workspace W is a scratch parameter (autotuner.scratch) before C: NaN, as given
+    W = [torch.full((kw["split_k"], M, N), float("nan"), device="cuda")] if kw.get("split_k", 1) > 1 else []
+    assert scratch.positions(jit) == ([2] if W else [])
+    jit(A, B, *W, C)
     torch.cuda.synchronize()
     assert_matches(C, ref, in_dtype)
     # ref_program agrees on the layout and dtype it returns
@@ -146,7 +150,7 @@ def test_correct_against_torch(name, compiled):
     assert out.dtype == C.dtype and out.shape == C.shape
     if "split_k" in kw:  # twice the same answer: no atomics, so bit-identical
         C2 = torch.full_like(C, float("nan"))
-        jit(A, B, C2)
+        jit(A, B, *W, C2)
         assert torch.equal(C, C2)
 
 
@@ -192,6 +196,43 @@ def test_tune_end_to_end_and_warm_in_a_new_process():
     assert warm["err"] < 0.5
     # how long it took is a benchmark figure (benchmarks/gemm.py reports it), not a unit-test assertion
     print(f"warm tune in a new process: {warm['seconds']:.2f} s")
+
+
+def test_split_k_is_right_on_two_streams_at_once_and_in_a_cuda_graph():
+    """The split-K workspace is allocated per call on the caller's stream (autotuner.scratch). From TVM's
+    per-thread pool, as it was, a call on a second stream took the block the first call's kernels were
+    still using, and a captured graph kept a block the pool freed when a larger split-K call came."""
+    M, N, K = 64, 4096, 8192
+    kernel = mm.compile(M, N, K, dict(SMALL_M, split_k=4))
+    inputs = [make_inputs(M, N, K, seed=s) for s in range(2)]
+    streams = [torch.cuda.Stream() for _ in inputs]
+    torch.cuda.synchronize()
+    for _ in range(30):  # the two calls' kernels overlap on the GPU: each stream waits for nothing
+        outs = []
+        for stream, (A, B, _) in zip(streams, inputs):
+            with torch.cuda.stream(stream):
+                outs.append(kernel(A, B))
+        torch.cuda.synchronize()
+        for out, (_, _, ref) in zip(outs, inputs):
+            assert_matches(out, ref, "float16")
+
+    A, B, _ = inputs[0]
+    A_new, _, _ = make_inputs(M, N, K, seed=5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        kernel(A, B)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        C = kernel(A, B)
+    bigger = mm.compile(2 * M, 2 * N, K, dict(SMALL_M, split_k=8))  # 4x the workspace: the old pool grew
+    A2, B2, ref2 = make_inputs(2 * M, 2 * N, K, seed=6)
+    assert_matches(bigger(A2, B2), ref2, "float16")
+    A.copy_(A_new)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_matches(C, A_new.float() @ B.float().T, "float16")
 
 
 def test_tune_small_m_tries_split_k_and_is_correct():

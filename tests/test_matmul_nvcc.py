@@ -71,6 +71,8 @@ def test_compiles_for_sm90a(name, sm90a):
     if kw.get("split_k", 1) > 1:
         assert src.count("__global__ void __launch_bounds__") == 2  # partial GEMM + reduction
         assert "atomic" not in src.lower()
+        # the partials are a parameter (autotuner.scratch), not a block of TVM's per-thread pool
+        assert "TVMBackendAllocWorkspace" not in jit.get_host_source()
     if kw.get("in_dtype") == "float8_e4m3":
         assert "kFloat8_e4m3" in src
     n_inst = cfg["block_N"] if kw.get("warp_policy") == "full_row" else None
@@ -85,3 +87,17 @@ def test_compile_api_for_a_compile_only_target():
     """``templates.matmul.compile`` with an explicit config and target "sm_90a" (no GPU needed)."""
     jit = mm.compile(256, 8192, 8192, config=dict(MID, split_k=2), dtype="bf16", target="sm_90a")
     assert "wgmma" in jit.get_kernel_source()
+
+
+def test_split_k_compiled_to_serve_has_torch_allocate_its_workspace_per_call():
+    """What templates.matmul.compile (and every served kernel) hands out for split-K: TileLang allocates the
+    workspace W per call, as it does the output, through torch's allocator on the current stream
+    (TVMFFIEnvTensorAlloc), and the call returns C alone."""
+    from autotuner import scratch
+
+    jit = mm.compile(64, 4096, 4096, dict(SMALL_M, split_k=4), target={"kind": "cuda", "arch": "sm_90a"})
+    assert isinstance(jit, scratch.HiddenScratch)
+    assert (jit.out_idx, jit.scratch, jit.jit_kernel.out_idx) == ([3], [2], [3, 2])
+    host = jit.get_host_source()
+    assert "TVMBackendAllocWorkspace" not in host
+    assert "W_allocation_status = TVMFFIEnvTensorAlloc" in host

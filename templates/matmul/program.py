@@ -8,8 +8,10 @@ The plain path (``split_k == 1``) builds exactly the program that produced the m
 dtypes and ``panel_size``; ``tests/test_matmul.py`` checks that, so the shared data stays valid.
 
 ``split_k > 1`` is for few output tiles and long K (small M): the K loop is split over a third grid
-dimension; every split writes its fp32 partial tile into a workspace ``(split_k, M, N)`` that the kernel
-allocates itself (``T.alloc_global``: TVM's pooled device workspace, not the torch allocator), and a
+dimension; every split writes its fp32 partial tile into a workspace ``W`` of ``(split_k, M, N)``, a scratch
+parameter (:mod:`autotuner.scratch`) that every caller allocates per call through torch, on the
+current stream (not ``T.alloc_global``, whose block TVM's per-thread pool hands to the next call as
+soon as the kernels are launched, whatever stream that call is on), and a
 second kernel in the same program sums the partials and casts once into ``C``. So the output dtype does
 not change, ``C`` needs no zero-fill, the result is deterministic (no atomics) and rounds once, like the
 plain path. The cost is ``split_k * M * N * 4`` bytes of workspace and ``2 * split_k * M * N * 4`` bytes
@@ -28,6 +30,7 @@ tiles, so the producer warpgroup loads the next tile while the consumers store t
 import math
 from typing import TYPE_CHECKING
 
+from autotuner import scratch
 from carver.validity import require_matmul_config
 
 from .config import CONFIG_KEYS, MatmulConfig, MatmulProblem, k_per_split, make_problem
@@ -143,10 +146,11 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
     k_tiles = k_per_split(K, block_K, split_k) // block_K
     red_M, red_N, red_threads = 16, 128, 128  # the reduction: 16 fp32 partial sums per thread and split
 
+    # W, the partials, is a scratch parameter (autotuner.scratch), allocated per call by the caller through
+    # torch on the current stream, not T.alloc_global's pooled block (shared across streams and graphs)
     @T.prim_func
     def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
-             C: T.Tensor((M, N), out_dtype)):
-        W = T.alloc_global((split_k, M, N), accum_dtype)
+             W: T.Tensor((split_k, M, N), accum_dtype), C: T.Tensor((M, N), out_dtype)):
         with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), split_k,
                       threads=thread_num) as (bx, by, bz):
             A_shared = T.alloc_shared(A_tile, in_dtype)
@@ -174,7 +178,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
                         C_sum[i, j] += W[s, ry * red_M + i, rx * red_N + j]
             T.copy(C_sum, C[ry * red_M, rx * red_N])
 
-    return main
+    return scratch.mark(main, "W")
 
 
 def kernel(

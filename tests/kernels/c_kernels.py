@@ -88,3 +88,28 @@ def add_killing_worker(block_M: int = 32, block_N: int = 32, thread_num: int = 1
         os.kill(worker, signal.SIGKILL)
         time.sleep(60)  # killed with its worker's compile group meanwhile
     return add(block_M, block_N, thread_num)
+
+
+def add_staged(block_M: int = 32, staged: bool = True, reads_unwritten: bool = False):
+    """C = A + B in two stages through a scratch parameter W (autotuner.scratch), as the split-K matmul
+    sums its partials: W[0] = A and W[1] = B, then C = W[0] + W[1]. ``staged=False`` is the plain add
+    (no scratch: another signature in the same run); ``reads_unwritten`` never writes W[1], so C reads
+    whatever the scratch held."""
+    from autotuner import scratch
+
+    if not staged:
+        return add(block_M=block_M)
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), "float32"), B: T.Tensor((M, N), "float32"), W: T.Tensor((2, M, N), "float32"),
+             C: T.Tensor((M, N), "float32")):
+        with T.Kernel(T.ceildiv(M, block_M), threads=1) as by:
+            for i, j in T.Parallel(block_M, N):
+                W[0, by * block_M + i, j] = A[by * block_M + i, j]
+                if not reads_unwritten:
+                    W[1, by * block_M + i, j] = B[by * block_M + i, j]
+        with T.Kernel(T.ceildiv(M, block_M), threads=1) as by:
+            for i, j in T.Parallel(block_M, N):
+                C[by * block_M + i, j] = W[0, by * block_M + i, j] + W[1, by * block_M + i, j]
+
+    return scratch.mark(main, "W")
