@@ -292,6 +292,13 @@ class KeyedKernel:
                 if not getattr(e, "transient", False):
                     self._refused[ck] = (chosen[0], str(e))
                 raise
+            if ck in self._unchecked:  # still unchecked, so still capturing: a graph would replay it unchecked
+                err = KeyRefused(f"{self.name}: the kernel for {exact} ({chosen[1]} config {config_label(chosen[0])}) "
+                                 f"is not checked against the reference yet, and a CUDA graph is being captured, "
+                                 f"when no check can run; it is not put into the graph unchecked. Call it once "
+                                 f"with these shapes before the capture (a warm-up), and it is checked then")
+                err.transient = True
+                raise err
             # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
             if raw is not None and self._chosen.get(bt) is chosen and ck not in self._unchecked:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
@@ -303,7 +310,9 @@ class KeyedKernel:
         on inputs of this call's exact key: what is served is not what was tuned (a symbolic-M compile of a
         config measured at a bucket's edge, a table's entry, the untimed fallback), and a wrong one must not
         be. Not during CUDA-graph capture (nothing may run then: that compile is checked at its first call
-        outside). :class:`KeyRefused` (the matmul op answers it with F.linear) naming the config when it fails."""
+        outside; :meth:`kernel_for` refuses it meanwhile, with a transient :class:`KeyRefused`, so that no graph
+        holds a kernel nobody checked). :class:`KeyRefused` (the matmul op answers it with F.linear) naming the
+        config when it fails."""
         ref_prog = self.compile_args.get("ref_prog")
         if ref_prog is None or self.compile_args.get("skip_check"):
             return

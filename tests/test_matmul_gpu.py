@@ -235,6 +235,32 @@ def test_split_k_is_right_on_two_streams_at_once_and_in_a_cuda_graph():
     assert_matches(C, A_new.float() @ B.float().T, "float16")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="thread-block clusters need Hopper (sm_90)")
+@pytest.mark.parametrize("cluster", ["1x2", "2x1"])
+def test_a_cluster_gemm_waits_for_a_kernel_that_triggers_its_dependents_early(cluster):
+    """TileLang launches cluster kernels with programmatic stream serialization: one that did not wait
+    (griddepcontrol) read A before the kernel ahead of it, which triggered early, had written it (H200,
+    2026-11-28: 1.4 M wrong elements of 10.5 M over 20 runs)."""
+    from kernels.pdl_kernels import late_writer
+
+    from autotuner.compile import tl_compile
+
+    M, N, K = 256, 2048, 4096
+    writer = tl_compile(late_writer(M, K), "cuda")
+    gemm = mm.compile(M, N, K, dict(MID, variant="ws", cluster=cluster))
+    A = torch.zeros(M, K, dtype=torch.float16, device="cuda")
+    B = torch.ones(N, K, dtype=torch.float16, device="cuda")
+    wrong = 0
+    for _ in range(20):
+        A.zero_()
+        writer(A)  # A = 1 everywhere, written after the trigger
+        C = gemm(A, B)  # launched right behind it on the same stream
+        wrong += int((C != K).sum())
+    torch.cuda.synchronize()
+    assert wrong == 0, f"{wrong} of {20 * M * N} elements read A before it was written"
+
+
 def test_tune_small_m_tries_split_k_and_is_correct():
     M, N, K = 64, 4096, 4096
     result = mm.tuner(M, N, K, dtype="bfloat16", trans_B=False, topk=4).run(warmup=3, rep=20)

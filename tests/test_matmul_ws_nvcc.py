@@ -101,9 +101,13 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, sm90a, monkeypa
     assert f"empty[0].init({warps});" in src  # one arrival per consumer warp (of every CTA in the cluster)
     if cm * cn > 1:
         assert src.count("tl::cluster_sync()") == 2  # after the barriers' init and before exit
+        # launched with programmatic stream serialization (TileLang does so for every cluster kernel): it
+        # waits for the kernel before it on the stream before its first load
+        assert src.count("cudaGridDependencySynchronize()") == 1
+        assert src.index("cudaGridDependencySynchronize()") < src.index("tma_load")
         assert re.search(r"empty\[[^]]+\]\.arrive\(r\)", loop)  # remote arrivals on both CTAs' barriers
     else:
-        assert "cluster" not in src
+        assert "cluster" not in src and "cudaGridDependencySynchronize" not in src
     c_aligned = N * problem.out_bytes % 16 == 0
     assert ("tma_store(C_desc" in src) == c_aligned, f"{name}: C rows aligned {c_aligned}"
     if cfg.get("persistent"):  # the store is waited for before the next tile's C (and once before exit)

@@ -305,6 +305,35 @@ def test_outputs_match_nn_linear_on_the_gpu(dtype):
 
 
 @pytest.mark.gpu
+def test_a_cuda_graph_holds_only_checked_kernels():
+    """A shape first met inside a CUDA-graph capture is compiled there but cannot be checked (nothing may
+    run), so the graph gets F.linear for it; after one call outside the capture (the check), a graph holds
+    the tuned kernel. Either graph replays the right answer for new inputs."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(512, 768, device="cuda", dtype=torch.float16)
+    lin = mm.Linear.from_linear(ref)
+    before = mop.get_op()
+    op = mop.configure()
+    try:
+        with torch.no_grad():
+            x = torch.randn(48, 512, device="cuda", dtype=torch.float16)
+            for warmed in (False, True):
+                if warmed:
+                    lin(x)  # the warm-up, outside any capture: the kernel is checked here
+                    assert op.gemm.stats["served checks"] == 1
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    y = lin(x)
+                assert op.gemm.stats["compiles"] == 1 and op.gemm.stats["served checks"] == int(warmed)
+                x.copy_(torch.randn_like(x))
+                graph.replay()
+                torch.cuda.synchronize()
+                torch.testing.assert_close(y, ref(x), atol=2e-2, rtol=2e-2)
+    finally:
+        mop._OP[0] = before
+
+
+@pytest.mark.gpu
 def test_torch_compile_on_the_gpu_same_outputs_no_graph_breaks():
     torch._dynamo.reset()
     torch.manual_seed(0)

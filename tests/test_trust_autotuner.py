@@ -1049,11 +1049,26 @@ def test_the_served_check_takes_an_int_out_idx_honours_skip_check_and_remembers_
     skipping = build(skip_check=True)  # the user's own choice, as in AutoTuner
     torch.testing.assert_close(skipping(A, A), 3 * A + 0.5)
     assert skipping.stats["served checks"] == 0
-    # compiled during a CUDA-graph capture: checked at the next call outside it, and never served if wrong
+    # compiled during a CUDA-graph capture: refused while capturing (a graph would replay it unchecked),
+    # checked at the next call outside it, and never served if wrong
     captured = build()
     monkeypatch.setattr(keyed, "capturing", lambda: True)
-    captured(A, A)
+    for _ in range(2):
+        with pytest.raises(KeyRefused, match="not checked against the reference yet.*CUDA graph") as e:
+            captured(A, A)
+        assert e.value.transient
+    assert captured.stats["compiles"] == 1 and captured.stats["served checks"] == 0
     monkeypatch.setattr(keyed, "capturing", lambda: False)
     for _ in range(2):
         with pytest.raises(KeyRefused, match="does not match the reference"):
             captured(A, A)
+    monkeypatch.setattr(trust_helper, "bias", lambda block_M: 0.0)  # right: served once checked outside
+    right = build()
+    monkeypatch.setattr(keyed, "capturing", lambda: True)
+    with pytest.raises(KeyRefused, match="not checked"):
+        right(A, A)
+    monkeypatch.setattr(keyed, "capturing", lambda: False)
+    torch.testing.assert_close(right(A, A), 3 * A)  # the warm-up: checked now
+    monkeypatch.setattr(keyed, "capturing", lambda: True)
+    torch.testing.assert_close(right(A, A), 3 * A)  # and served in a capture from then on
+    assert right.stats["served checks"] == 1 and right.stats["compiles"] == 1

@@ -227,8 +227,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
     M, N, K = values[:3]
     try:
         kernel = kk.kernel_for_values(values)
-    except KeyRefused as e:  # M beyond the last bucket, where the bucket's config cannot launch
-        _DECIDED[sig] = str(e)
+    except KeyRefused as e:  # M beyond the last bucket, where the bucket's config cannot launch, or a wrong kernel
+        if not getattr(e, "transient", False):  # a transient one (unchecked during a capture, no memory): ask again
+            _DECIDED[sig] = str(e)
         _say_once(str(e))
         return F.linear(x, weight, bias)
     x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(M, K).contiguous()

@@ -188,6 +188,11 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
             else:
                 empty = T.alloc_barrier([cwarps] * S)
             T.use_swizzle(panel_size=config.panel_size, enable=config.enable_rasterization)
+            if csize > 1:
+                # TileLang's runtime launches every cluster kernel with programmatic stream serialization, so
+                # it may start as soon as the kernel before it on the stream triggers its dependents: wait for
+                # that kernel's memory before reading A or B or writing C (a no-op after an ordinary kernel)
+                T.pdl_sync()
             tm = bx if cm > 1 else by
             tn = by if cm > 1 else bx
             tx = T.get_thread_binding()
