@@ -248,6 +248,10 @@ class Bench:
         names = param_names(jit)
         out_idx, zero, restore = resolve_roles(s.out_idx, s.reset_to_zero, s.restore_value, names)
         scratch = [i for i in scratch_positions(jit) if i not in out_idx]
+        if set(scratch) & set(restore):
+            raise TuningInputError(f"restore_value names {[names[i] for i in scratch if i in restore]}, a scratch "
+                                   f"parameter (autotuner.scratch: working memory the caller allocates per call, "
+                                   f"never an input); take it out of restore_value")
         try:
             args = make_args(jit.params, out_idx + scratch, s.supply_type, device)
         except (ValueError, TypeError) as e:

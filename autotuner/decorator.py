@@ -25,7 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .capture import AutotuneInputs, active_inputs
+from .compile import tl_compile
 from .config import PASS_CONFIGS_KEY
+from .scratch import positions
 from .tuner import AutoTuner, TunedKernel
 
 __all__ = ["AutoTuneImpl", "autotune"]
@@ -112,7 +114,7 @@ class AutoTuneImpl:
             given = self._given(args, kwargs, tunable)
         if given:  # TileLang's way to skip tuning: fix the tunable parameters in the call
             logger.info("tunable parameters %s given in the call: compiling with tilelang.jit, no tuning", given)
-            return self.jit_impl(*args, **kwargs)
+            return self._untuned(args, kwargs)
         key = _key(args, kwargs, active_inputs())
         if key is None or key not in self._tuned:
             kernel = self._tuner(args, kwargs, configs).run().kernel
@@ -120,6 +122,23 @@ class AutoTuneImpl:
                 return kernel
             self._tuned[key] = kernel
         return self._tuned[key]
+
+
+    def _untuned(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """``tilelang.jit``'s kernel for a call that fixes the tunables; one with scratch parameters
+        (:mod:`.scratch`) compiled again so that it allocates them itself, as the tuned kernel does
+        (``tilelang.jit`` would take them for inputs), once per call signature."""
+        kernel = self.jit_impl(*args, **kwargs)
+        if not positions(kernel):
+            return kernel
+        key = _key(args, kwargs, None)
+        if key is None or ("untuned", key) not in self._tuned:
+            served = tl_compile(kernel.prim_func, kernel.target, kernel.pass_configs or None,
+                                out_idx=self.jit_impl.out_idx)
+            if key is None:
+                return served
+            self._tuned["untuned", key] = served
+        return self._tuned["untuned", key]
 
 
 def _key(args: tuple, kwargs: dict[str, Any], inputs: AutotuneInputs | None) -> Any:

@@ -280,6 +280,7 @@ class KeyedKernel:
             try:
                 if hit is None or hit[0] is not chosen[0]:
                     jit = self._compile(exact, chosen[0])
+                    self._unchecked.discard(ck)  # another config's state; a capture now marks this one again
                     self._check_served(jit, exact, chosen, ck)
                     hit = (chosen[0], jit)
                     self._compiled[ck] = hit

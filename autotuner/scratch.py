@@ -39,7 +39,7 @@ def mark(func: Any, *names: str) -> Any:
     missing = [n for n in names if n not in params]
     if missing:
         raise ValueError(f"scratch buffers {missing} are not parameters of the PrimFunc (its parameters: {params})")
-    return func.with_attr(ATTR, sorted(params.index(n) for n in names))
+    return func.with_attr(ATTR, sorted(set(positions(func)) | {params.index(n) for n in names}))  # adds to a mark
 
 
 def positions(obj: Any) -> list[int]:
@@ -75,6 +75,14 @@ class HiddenScratch:
         self.jit_kernel = jit_kernel
         self.out_idx = list(out_idx)
         self.scratch = list(scratch)
+        self._device = "cuda" if "cuda" in str(getattr(jit_kernel, "target", "cuda")) else "cpu"
+
+    def get_profiler(self, tensor_supply_type: Any = None) -> Any:
+        """TileLang's profiler for this kernel as it is called: inputs made for the inputs only, the outputs
+        (not the scratch) compared (the ``JITKernel``'s own would take the scratch for a second output)."""
+        from .profiler import TunedProfiler
+
+        return TunedProfiler.of(self, tensor_supply_type)
 
     def __call__(self, *args: Any) -> Any:
         got = self.jit_kernel(*args)  # [outputs..., scratch...]: TileLang returns them in out_idx's order

@@ -445,6 +445,18 @@ def test_no_tuning_inside_cuda_graph_capture(tmp_path, monkeypatch):
         rec.tune(tmp_path / "t.json")
 
 
+def test_a_key_compiled_during_a_capture_then_tuned_is_checked_and_served_outside_it(tmp_path, monkeypatch):
+    kk = make_keyed(tmp_path / "db.sqlite")
+    monkeypatch.setattr(autotuner.keyed, "capturing", lambda: True)
+    with pytest.raises(autotuner.KeyRefused, match="not checked against the reference yet"):
+        kk.kernel_for(key(3))
+    monkeypatch.setattr(autotuner.keyed, "capturing", lambda: False)
+    kk.tune(key(3))  # another choice for the key: compiled again and checked at the next call
+    a = torch.ones(3, 64)
+    torch.testing.assert_close(kk.kernel_for(key(3))(a, a), 3 * a)  # served, not refused as if capturing
+    assert kk.stats["served checks"] == 1
+
+
 def test_tune_on_miss_tunes_once_and_stores_the_winner(tmp_path):
     kk = make_keyed(tmp_path / "db.sqlite", tune_on_miss=True, configs=CONFIGS[:1])
     assert kk.config_for(key(3)) == (CONFIGS[0], "tuned")

@@ -204,6 +204,7 @@ def test_split_k_is_right_on_two_streams_at_once_and_in_a_cuda_graph():
     still using, and a captured graph kept a block the pool freed when a larger split-K call came."""
     M, N, K = 64, 4096, 8192
     kernel = mm.compile(M, N, K, dict(SMALL_M, split_k=4))
+    kernel.get_profiler().assert_allclose(lambda A, B: mm.ref_program(A, B))  # inputs for A and B only
     inputs = [make_inputs(M, N, K, seed=s) for s in range(2)]
     streams = [torch.cuda.Stream() for _ in inputs]
     torch.cuda.synchronize()

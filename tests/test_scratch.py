@@ -8,7 +8,7 @@ import pytest
 import torch
 from kernels.c_kernels import add_staged, ref_add
 
-from autotuner import AutoTuner, KeyedKernel, TuningError, scratch
+from autotuner import AutoTuner, KeyedKernel, TuningError, TuningInputError, scratch
 from autotuner.compile import tl_compile
 
 
@@ -24,6 +24,8 @@ def test_mark_names_the_parameters_and_refuses_an_unknown_one():
     assert scratch.positions(add_staged(staged=False)) == []
     with pytest.raises(ValueError, match=r"\['X'\] are not parameters.*'A', 'B', 'W', 'C'"):
         scratch.mark(func, "X")
+    assert scratch.positions(scratch.mark(add_staged(staged=False), "A")) == [0]
+    assert scratch.positions(scratch.mark(scratch.mark(add_staged(staged=False), "A"), "B")) == [0, 1]  # adds
     assert scratch.input_positions(4, [-1], [2]) == [0, 1]
 
 
@@ -43,6 +45,13 @@ def test_the_tuner_allocates_scratch_passes_it_to_no_reference_and_returns_the_o
     k.get_profiler().assert_allclose(ref_add)  # TileLang's profiler makes inputs for A and B only
 
 
+def test_restore_value_naming_scratch_is_refused_naming_it():
+    with pytest.raises(TuningInputError, match=r"restore_value names \['W'\], a scratch parameter"):
+        (AutoTuner.from_kernel(add_staged, [dict(block_M=32)])
+         .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c", restore_value=["W"])
+         .set_tuning(n_jobs=1).run(1, 3))
+
+
 def test_a_kernel_that_reads_scratch_it_never_wrote_is_a_mismatch():
     with pytest.raises(TuningError, match="mismatch"):
         tune([dict(block_M=32, reads_unwritten=True)])
@@ -54,6 +63,7 @@ def test_a_kernel_compiled_with_out_idx_allocates_its_scratch_and_returns_the_ou
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     torch.testing.assert_close(jit(a, b), a + b)
     assert jit.get_kernel_source()  # the JITKernel's own attributes come through
+    jit.get_profiler().assert_allclose(ref_add)  # inputs for A and B, C compared, W neither
     plain = tl_compile(add_staged(staged=False), "c", out_idx=[-1])
     assert not isinstance(plain, scratch.HiddenScratch)
 
@@ -70,3 +80,14 @@ def test_a_keyed_kernel_serves_and_checks_a_kernel_with_scratch():
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     torch.testing.assert_close(kk.kernel_for({"M": 256})(a, b), a + b)
     assert kk.stats["served checks"] == 1
+
+
+def test_the_decorator_serves_scratch_kernels_alike_tuned_or_with_the_tunables_given():
+    from kernels.c_kernels import staged_decorated
+
+    staged = staged_decorated()
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    torch.testing.assert_close(staged()(a, b), a + b)  # tuned
+    given = staged(block_M=32)  # tilelang.jit's way to skip tuning: the same call, A and B only
+    torch.testing.assert_close(given(a, b), a + b)
+    assert staged(block_M=32) is given

@@ -113,3 +113,18 @@ def add_staged(block_M: int = 32, staged: bool = True, reads_unwritten: bool = F
                 C[by * block_M + i, j] = W[0, by * block_M + i, j] + W[1, by * block_M + i, j]
 
     return scratch.mark(main, "W")
+
+
+def _staged_dec_factory(block_M: int = 32):
+    return add_staged(block_M=block_M)
+
+
+def staged_decorated():
+    """add_staged behind TileLang's decorators, as a script writes it (built on call: the decorator imports
+    the autotuner)."""
+    import tilelang
+
+    from autotuner import autotune
+
+    return autotune(configs=[dict(block_M=32), dict(block_M=64)], warmup=1, rep=2, ref_prog=ref_add)(
+        tilelang.jit(out_idx=[-1], target="c")(_staged_dec_factory))
