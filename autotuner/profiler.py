@@ -49,6 +49,14 @@ class TunedProfiler(Profiler):
         return cls(list(kernel.jit_kernel.params), list(kernel.out_idx) + list(kernel.scratch), supply, kernel,
                    kernel._device)
 
+    def _get_inputs(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """TileLang's generated inputs, on the kernel's device: its tensor supply makes them on the current
+        CUDA device whenever a GPU is present, also for a kernel compiled for the C target (whose call then
+        refused them: "Buffer device mismatch")."""
+        ins = super()._get_inputs(*args, **kwargs)
+        return [t.to(self.device) if isinstance(t, torch.Tensor) and t.device.type != self.device else t
+                for t in ins]
+
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
