@@ -247,7 +247,7 @@ class Bench:
             return self._cases[sig]
         names = param_names(jit)
         out_idx, zero, restore = resolve_roles(s.out_idx, s.reset_to_zero, s.restore_value, names)
-        scratch = [i for i in scratch_positions(jit) if i not in out_idx]
+        scratch = scratch_positions(jit, out_idx)
         if set(scratch) & set(restore):
             raise TuningInputError(f"restore_value names {[names[i] for i in scratch if i in restore]}, a scratch "
                                    f"parameter (autotuner.scratch: working memory the caller allocates per call, "

@@ -102,7 +102,7 @@ def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None 
     if out_idx is None:
         return tilelang.compile(_private_copy(func), out_idx=None, target=target_spec, pass_configs=pass_configs)
     out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
-    scratch = [i for i in positions(func) if i not in out_idx]
+    scratch = positions(func, out_idx)
     jit = tilelang.compile(_private_copy(func), out_idx=out_idx + scratch, target=target_spec,
                            pass_configs=pass_configs)
     return HiddenScratch(jit, out_idx, scratch) if scratch else jit

@@ -123,7 +123,6 @@ class AutoTuneImpl:
             self._tuned[key] = kernel
         return self._tuned[key]
 
-
     def _untuned(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         """``tilelang.jit``'s kernel for a call that fixes the tunables; one with scratch parameters
         (:mod:`.scratch`) compiled again so that it allocates them itself, as the tuned kernel does

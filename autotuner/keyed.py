@@ -301,7 +301,7 @@ class KeyedKernel:
                 err.transient = True
                 raise err
             # only if no use_table, tune or forget replaced the choice meanwhile (it cleared the fast path)
-            if raw is not None and self._chosen.get(bt) is chosen and ck not in self._unchecked:
+            if raw is not None and self._chosen.get(bt) is chosen:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
                                    tuple(map(type, raw)) if any(map(_bool_like, raw)) else None)
         return hit[1]

@@ -42,20 +42,20 @@ def mark(func: Any, *names: str) -> Any:
     return func.with_attr(ATTR, sorted(set(positions(func)) | {params.index(n) for n in names}))  # adds to a mark
 
 
-def positions(obj: Any) -> list[int]:
+def positions(obj: Any, outputs: Iterable[int] = ()) -> list[int]:
     """The scratch parameters' positions of ``obj``: a PrimFunc, a TileLang ``JITKernel`` (its
-    ``prim_func``), or a wrapper with a ``scratch`` list (:class:`HiddenScratch`) or a ``jit_kernel``."""
+    ``prim_func``), or a wrapper with a ``scratch`` list (:class:`HiddenScratch`) or a ``jit_kernel``.
+    A marked parameter among ``outputs`` (non-negative positions) is an output, not scratch."""
     own = getattr(obj, "scratch", None)
     if isinstance(own, list):
-        return list(own)
-    inner = getattr(obj, "jit_kernel", None)
-    if inner is not None:
-        return positions(inner)
-    func = getattr(obj, "prim_func", obj)
-    attrs = getattr(func, "attrs", None)
-    if attrs is None or ATTR not in attrs:
-        return []
-    return sorted(int(i) for i in attrs[ATTR])
+        marked = own
+    elif (inner := getattr(obj, "jit_kernel", None)) is not None:
+        marked = positions(inner)
+    else:
+        attrs = getattr(getattr(obj, "prim_func", obj), "attrs", None)
+        marked = [] if attrs is None or ATTR not in attrs else [int(i) for i in attrs[ATTR]]
+    skip = set(outputs)
+    return sorted(i for i in marked if i not in skip)
 
 
 def input_positions(n_params: int, out_idx: Iterable[int], scratch: Iterable[int]) -> list[int]:

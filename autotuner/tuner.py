@@ -102,7 +102,7 @@ class TunedKernel:
         self._device = device
         self._specs = [(list(map(int, p.shape)), p.dtype) for p in jit_kernel.params]
         #: scratch parameters (:mod:`.scratch`): allocated per call, on the current stream, never returned
-        self.scratch = [i for i in scratch_positions(jit_kernel) if i not in out_idx]
+        self.scratch = scratch_positions(jit_kernel, out_idx)
 
     def __call__(self, *args: Any) -> Any:
         import torch
