@@ -71,7 +71,7 @@ class CompileOutcome:
 
 
 def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None = None,
-               out_idx: Sequence[int] | int | None = None) -> Any:
+               out_idx: Sequence[int] | int | None = None, serve: bool = False, check_dims: bool = False) -> Any:
     """The one call that compiles (or loads from TileLang's disk cache) a PrimFunc.
 
     Workers and the parent must call it with identical arguments so that the parent's call is a
@@ -92,20 +92,26 @@ def tl_compile(func: Any, target_spec: Any, pass_configs: dict[str, Any] | None 
     factory that does depend on its arguments only (the cp.async GEMV, H200, 2026-11-23), and the
     measuring side, loading the pickled PrimFunc, missed the disk cache and compiled it again.
 
-    A PrimFunc with scratch parameters (:mod:`.scratch`) compiled with ``out_idx`` has TileLang allocate
-    them too, per call, and comes back as a :class:`.scratch.HiddenScratch` that returns the outputs alone.
+    ``serve``: the kernel is handed to a user (a template's ``compile``, a keyed kernel, the decorator),
+    so it comes back as a :class:`.served.ServedKernel`, whose calls check their tensors' alignment and
+    keep the caller's current GPU (``check_dims``: and their shared symbolic sizes, for the C target). A
+    PrimFunc with scratch parameters (:mod:`.scratch`) compiled with ``out_idx`` has TileLang allocate
+    them too, per call, and comes back as a :class:`.served.ServedKernel` that returns the outputs alone.
     """
     import tilelang
 
-    from .scratch import HiddenScratch, positions
+    from .scratch import positions
+    from .served import ServedKernel
 
-    if out_idx is None:
-        return tilelang.compile(_private_copy(func), out_idx=None, target=target_spec, pass_configs=pass_configs)
-    out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
-    scratch = positions(func, out_idx)
-    jit = tilelang.compile(_private_copy(func), out_idx=out_idx + scratch, target=target_spec,
-                           pass_configs=pass_configs)
-    return HiddenScratch(jit, out_idx, scratch) if scratch else jit
+    scratch: list[int] = []
+    if out_idx is not None:
+        out_idx = resolve_out_idx([out_idx] if isinstance(out_idx, int) else list(out_idx), len(func.params))
+        scratch = positions(func, out_idx)
+    jit = tilelang.compile(_private_copy(func), out_idx=None if out_idx is None else out_idx + scratch,
+                           target=target_spec, pass_configs=pass_configs)
+    if serve or scratch:
+        return ServedKernel(jit, out_idx, scratch, check_dims)
+    return jit
 
 
 def _private_copy(func: Any) -> Any:

@@ -28,7 +28,8 @@ from .capture import AutotuneInputs, active_inputs
 from .compile import tl_compile
 from .config import PASS_CONFIGS_KEY
 from .scratch import positions
-from .tuner import AutoTuner, TunedKernel
+from .served import ServedKernel, launch
+from .tuner import AutoTuner
 
 __all__ = ["AutoTuneImpl", "autotune"]
 
@@ -47,7 +48,7 @@ class AutoTuneImpl:
         self.jit_impl, self.factory = jit_impl, func
         self.configs, self.profile = configs, profile
         self.warmup, self.rep, self.timeout = warmup, rep, timeout
-        self._tuned: dict[Any, TunedKernel] = {}
+        self._tuned: dict[Any, Any] = {}  # tuned kernels, and the served ones of untuned calls
         functools.update_wrapper(self, func)
 
     def _tunable(self, configs: list[dict[str, Any]]) -> set[str]:
@@ -108,10 +109,12 @@ class AutoTuneImpl:
         tunable = self._tunable(list(configs))
         if self._eager(kwargs, tunable):
             if compile_only:
-                return self.jit_impl.compile(*args, **kwargs)
-            given = sorted(tunable & set(kwargs))
-        else:
-            given = self._given(args, kwargs, tunable)
+                return self._served(self.jit_impl.compile(*args, **kwargs))
+            # TileLang compiles it and runs it on the call's tensors: checked as a served kernel's are
+            logger.info("an eager-style kernel with its tunables given: compiling with tilelang.jit, no tuning")
+            names = list(inspect.signature(self.factory).parameters)
+            return launch(functools.partial(self.jit_impl, **kwargs), args, names)
+        given = self._given(args, kwargs, tunable)
         if given:  # TileLang's way to skip tuning: fix the tunable parameters in the call
             logger.info("tunable parameters %s given in the call: compiling with tilelang.jit, no tuning", given)
             return self._untuned(args, kwargs)
@@ -123,17 +126,26 @@ class AutoTuneImpl:
             self._tuned[key] = kernel
         return self._tuned[key]
 
+    def _served(self, kernel: Any) -> Any:
+        """TileLang's compiled ``kernel`` as a :class:`.served.ServedKernel` (its calls check their tensors'
+        alignment and keep the caller's GPU), one per kernel."""
+        served = self._tuned.get(("served", kernel))
+        if served is None:
+            served = self._tuned["served", kernel] = ServedKernel(kernel)
+        return served
+
     def _untuned(self, args: tuple, kwargs: dict[str, Any]) -> Any:
-        """``tilelang.jit``'s kernel for a call that fixes the tunables; one with scratch parameters
+        """``tilelang.jit``'s kernel for a call that fixes the tunables, as a :class:`.served.ServedKernel`;
+        one with scratch parameters
         (:mod:`.scratch`) compiled again so that it allocates them itself, as the tuned kernel does
         (``tilelang.jit`` would take them for inputs), once per call signature."""
         kernel = self.jit_impl(*args, **kwargs)
         if not positions(kernel):
-            return kernel
+            return self._served(kernel)
         key = _key(args, kwargs, None)
         if key is None or ("untuned", key) not in self._tuned:
             served = tl_compile(kernel.prim_func, kernel.target, kernel.pass_configs or None,
-                                out_idx=self.jit_impl.out_idx)
+                                out_idx=self.jit_impl.out_idx, serve=True)
             if key is None:
                 return served
             self._tuned["untuned", key] = served

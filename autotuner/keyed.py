@@ -444,12 +444,11 @@ class KeyedKernel:
         shape = {k: T.dynamic(k) if k in self.dynamic else exact[k] for k in self.key}
         kwargs, own = split_config(config)
         self.stats["compiles"] += 1
-        jit = tl_compile(self.fn(**shape, **kwargs), self.target().spec,
-                         merge_pass_configs(self.compile_args.get("pass_configs"), own),
-                         out_idx=self.compile_args.get("out_idx"))
-        if self.dynamic and self.target().kind != "cuda":
-            return _SharedDimsChecked(jit)  # TileLang's C adapter does not check them: see the class
-        return jit
+        # TileLang's C adapter does not check shared symbolic sizes (served.ServedKernel says why)
+        return tl_compile(self.fn(**shape, **kwargs), self.target().spec,
+                          merge_pass_configs(self.compile_args.get("pass_configs"), own),
+                          out_idx=self.compile_args.get("out_idx"), serve=True,
+                          check_dims=bool(self.dynamic) and self.target().kind != "cuda")
 
     def target(self) -> Any:
         """The resolved target (``compile_args["target"]``, default "auto"), resolved once."""
@@ -613,30 +612,6 @@ class _Shaped:
 
     shape: list[int]
     dtype: Any
-
-
-class _SharedDimsChecked:
-    """A symbolic-shape kernel compiled for the C target, called only with tensors that agree on every
-    dimension their parameters share (:func:`.check.check_shared_dims`). TileLang's CUDA host code checks
-    that itself; its C-target adapter binds each symbolic size from the first tensor that has it and reads
-    past the end of a shorter one (C = A @ B with B shorter than A gave garbage, silently)."""
-
-    def __init__(self, jit: Any) -> None:
-        self.jit_kernel = jit
-        self._params = list(jit.params)
-        ins = input_positions(len(self._params), jit.out_idx or [], positions(jit))
-        self._inputs = [self._params[i] for i in ins]  # a call passes these alone
-
-    def __call__(self, *args: Any) -> Any:
-        from .check import check_shared_dims
-
-        check_shared_dims(self._params if len(args) == len(self._params) else self._inputs, args)
-        return self.jit_kernel(*args)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "jit_kernel":
-            raise AttributeError(name)
-        return getattr(self.jit_kernel, name)
 
 
 def use_table(table: TunedTable | str | Any | None, target: Any = "auto",

@@ -16,7 +16,7 @@ allocates it per call with torch, on the current stream:
   in it; it may be written;
 * :class:`~autotuner.tuner.TunedKernel` allocates it like an output and does not return it;
 * a kernel compiled with ``out_idx`` (:func:`.compile.tl_compile`) has TileLang allocate it as one
-  more output, which :class:`HiddenScratch` drops from the result.
+  more output, which the :class:`.served.ServedKernel` it returns drops from the result.
 
 A scratch parameter is never one of the outputs, and the kernel's inputs (what a caller passes) are
 every parameter that is neither (:func:`input_positions`).
@@ -24,10 +24,10 @@ every parameter that is neither (:func:`input_positions`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ATTR", "HiddenScratch", "input_positions", "mark", "positions"]
+__all__ = ["ATTR", "input_positions", "mark", "positions"]
 
 #: The PrimFunc attribute listing the scratch parameters' positions.
 ATTR = "tilecarve_scratch"
@@ -44,10 +44,11 @@ def mark(func: Any, *names: str) -> Any:
 
 def positions(obj: Any, outputs: Iterable[int] = ()) -> list[int]:
     """The scratch parameters' positions of ``obj``: a PrimFunc, a TileLang ``JITKernel`` (its
-    ``prim_func``), or a wrapper with a ``scratch`` list (:class:`HiddenScratch`) or a ``jit_kernel``.
+    ``prim_func``), or a wrapper with a non-empty ``scratch`` list (the hidden ones of a
+    :class:`.served.ServedKernel`) or a ``jit_kernel``.
     A marked parameter among ``outputs`` (non-negative positions) is an output, not scratch."""
     own = getattr(obj, "scratch", None)
-    if isinstance(own, list):
+    if isinstance(own, list) and own:
         marked = own
     elif (inner := getattr(obj, "jit_kernel", None)) is not None:
         marked = positions(inner)
@@ -64,34 +65,3 @@ def input_positions(n_params: int, out_idx: Iterable[int], scratch: Iterable[int
         return []
     skip = {int(i) % n_params for i in out_idx} | set(scratch)
     return [i for i in range(n_params) if i not in skip]
-
-
-class HiddenScratch:
-    """A ``JITKernel`` compiled with its outputs and its scratch parameters in ``out_idx`` (TileLang
-    allocates both, through torch, per call), called like one compiled with the outputs alone: it
-    returns the outputs only. ``out_idx`` is the outputs'; other attributes are the ``JITKernel``'s."""
-
-    def __init__(self, jit_kernel: Any, out_idx: Sequence[int], scratch: Sequence[int]) -> None:
-        self.jit_kernel = jit_kernel
-        self.out_idx = list(out_idx)
-        self.scratch = list(scratch)
-        self._device = "cuda" if "cuda" in str(getattr(jit_kernel, "target", "cuda")) else "cpu"
-
-    def get_profiler(self, tensor_supply_type: Any = None) -> Any:
-        """TileLang's profiler for this kernel as it is called: inputs made for the inputs only, the outputs
-        (not the scratch) compared (the ``JITKernel``'s own would take the scratch for a second output)."""
-        from .profiler import TunedProfiler
-
-        return TunedProfiler.of(self, tensor_supply_type)
-
-    def __call__(self, *args: Any) -> Any:
-        got = self.jit_kernel(*args)  # [outputs..., scratch...]: TileLang returns them in out_idx's order
-        n = len(self.out_idx)
-        if n == 0:  # an in-place kernel: TileLang returned the scratch alone
-            return None
-        return got[0] if n == 1 else list(got[:n])
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "jit_kernel":  # copy/pickle probe a bare instance: no recursion
-            raise AttributeError(name)
-        return getattr(self.jit_kernel, name)

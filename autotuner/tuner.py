@@ -62,6 +62,7 @@ from .config import (
 from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
 from .scratch import positions as scratch_positions
+from .served import launch
 from .settings import (
     TIMING_BACKENDS,
     CheckSettings,
@@ -103,6 +104,7 @@ class TunedKernel:
         self._specs = [(list(map(int, p.shape)), p.dtype) for p in jit_kernel.params]
         #: scratch parameters (:mod:`.scratch`): allocated per call, on the current stream, never returned
         self.scratch = scratch_positions(jit_kernel, out_idx)
+        self._names = param_names(jit_kernel)
 
     def __call__(self, *args: Any) -> Any:
         import torch
@@ -114,7 +116,7 @@ class TunedKernel:
                 raise TypeError(f"argument {i} is {type(a).__name__} ({a!r:.60}), not a torch.Tensor; the kernel "
                                 f"takes {n_in} input tensors (or all {n} buffers)")
         if len(args) == n and n != n_in:
-            self.jit_kernel(*args)
+            launch(self.jit_kernel, args, self._names)
             return None
         if len(args) != n_in:
             raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
@@ -131,7 +133,7 @@ class TunedKernel:
             full.append(t)
             if i in self.out_idx:
                 outs.append(t)
-        self.jit_kernel(*full)
+        launch(self.jit_kernel, full, self._names)  # alignment checked, the caller's GPU kept (autotuner.served)
         return outs[0] if len(outs) == 1 else outs
 
     def get_profiler(self, tensor_supply_type: Any = None) -> Any:

@@ -326,9 +326,10 @@ class TemplateBase:
 
     def compile(self, problem: Any, config: Any = None, target: Any = "auto", arch: Any = None) -> Any:
         """Compile one config (as given, or the carver's top-1 when None: no tuning, one compile) into a
-        callable that allocates and returns the outputs. Everything is checked before anything compiles: a
-        given config by :meth:`check` on the GPU the target compiles for (``arch``, else the target's arch),
-        so one that GPU cannot launch is a ValueError with the check's reasons."""
+        callable that allocates and returns the outputs (a :class:`autotuner.served.ServedKernel`).
+        Everything is checked before anything compiles: a given config by :meth:`check` on the GPU the
+        target compiles for (``arch``, else the target's arch), so one that GPU cannot launch is a
+        ValueError with the check's reasons."""
         problem = self.as_problem(problem)
         where = self.resolve(problem, target, arch, what=f"templates.{self.name}.compile(target={target!r})")
         if config is None:
@@ -338,7 +339,7 @@ class TemplateBase:
         from autotuner.compile import tl_compile
 
         return tl_compile(self.program(problem, cfg), where.target.tvm(), dict(cfg.pass_configs) or None,
-                          out_idx=self.out_idx)
+                          out_idx=self.out_idx, serve=True)
 
     def tuner(self, problem: Any, options: TuneOptions | None = None) -> AutoTuner:
         """The configured :class:`autotuner.AutoTuner` that :meth:`tune` runs (for callers that want the

@@ -93,10 +93,10 @@ def test_split_k_compiled_to_serve_has_torch_allocate_its_workspace_per_call():
     """What templates.matmul.compile (and every served kernel) hands out for split-K: TileLang allocates the
     workspace W per call, as it does the output, through torch's allocator on the current stream
     (TVMFFIEnvTensorAlloc), and the call returns C alone."""
-    from autotuner import scratch
+    from autotuner.served import ServedKernel
 
     jit = mm.compile(64, 4096, 4096, dict(SMALL_M, split_k=4), target={"kind": "cuda", "arch": "sm_90a"})
-    assert isinstance(jit, scratch.HiddenScratch)
+    assert isinstance(jit, ServedKernel)
     assert (jit.out_idx, jit.scratch, jit.jit_kernel.out_idx) == ([3], [2], [3, 2])
     host = jit.get_host_source()
     assert "TVMBackendAllocWorkspace" not in host

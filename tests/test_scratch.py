@@ -10,6 +10,7 @@ from kernels.c_kernels import add_staged, ref_add
 
 from autotuner import AutoTuner, KeyedKernel, TuningError, TuningInputError, scratch
 from autotuner.compile import tl_compile
+from autotuner.served import ServedKernel
 
 
 def tune(configs, **tuning):
@@ -59,13 +60,15 @@ def test_a_kernel_that_reads_scratch_it_never_wrote_is_a_mismatch():
 
 def test_a_kernel_compiled_with_out_idx_allocates_its_scratch_and_returns_the_outputs():
     jit = tl_compile(add_staged(), "c", out_idx=[-1])
-    assert isinstance(jit, scratch.HiddenScratch) and jit.out_idx == [3] and jit.scratch == [2]
+    assert isinstance(jit, ServedKernel) and jit.out_idx == [3] and jit.scratch == [2]
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     torch.testing.assert_close(jit(a, b), a + b)
     assert jit.get_kernel_source()  # the JITKernel's own attributes come through
     jit.get_profiler().assert_allclose(ref_add)  # inputs for A and B, C compared, W neither
     plain = tl_compile(add_staged(staged=False), "c", out_idx=[-1])
-    assert not isinstance(plain, scratch.HiddenScratch)
+    assert not isinstance(plain, ServedKernel)  # nothing to hide, and not handed to a user (serve=False)
+    served = tl_compile(add_staged(staged=False), "c", out_idx=[-1], serve=True)
+    assert isinstance(served, ServedKernel) and served.scratch == [] and served.out_idx == plain.out_idx == [2]
 
 
 def staged_keyed(M: int, staged: bool = True):

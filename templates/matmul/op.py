@@ -239,9 +239,9 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         return F.linear(x, weight, bias)
     if _several_gpus() and x.device.index != torch.cuda.current_device():
         with torch.cuda.device(x.device):
-            y = kernel(x2, weight)
+            y = kernel.launch_checked(x2, weight)
     else:
-        y = kernel(x2, weight)
+        y = kernel.launch_checked(x2, weight)  # checked above: no second look at alignment and device
     if bias is not None:
         y.add_(bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
