@@ -284,7 +284,7 @@ def test_a_table_for_another_target_is_refused_by_a_kernel_that_compiles_for_it(
     with pytest.raises(TableError, match="field 'target' is .*kind.*c.* but here it is .*sm_90a"):
         kk.use_table(table) if how == "kernel" else autotuner.use_table(table)
     assert kk.table is None and autotuner.keyed._TABLE[0] is None
-    kk.use_table(load_table(tuned.path, target="c", allow=["target"]))
+    kk.use_table(load_table(tuned.path, target="c", allow=["target", "gpu"]))
     assert kk.config_for(key(3))[1] == "table"
 
 
