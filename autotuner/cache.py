@@ -88,11 +88,21 @@ CREATE TABLE IF NOT EXISTS trials (
 """
 
 
+_RELATIVE_WARNED: set[str] = set()
+
+
 def cache_dir() -> Path:
     """The user cache directory for tilecarve (created on first use, never the working directory)."""
     env = os.environ.get("TILECARVE_CACHE_DIR")
     if env:
-        return Path(env).expanduser()
+        path = Path(env).expanduser()
+        if not path.is_absolute():  # it would follow the working directory: say which one it is now
+            path = path.absolute()
+            if env not in _RELATIVE_WARNED:
+                _RELATIVE_WARNED.add(env)
+                logger.warning("TILECARVE_CACHE_DIR=%r is a relative path, so the tuning database moves with the "
+                               "working directory; using %s (set an absolute path to keep one place)", env, path)
+        return path
     base = os.environ.get("XDG_CACHE_HOME")
     if base and not os.path.isabs(base):  # the XDG spec: a relative path is invalid and is ignored
         logger.debug("XDG_CACHE_HOME=%r is not an absolute path; ignored (the XDG base directory spec), "
@@ -339,6 +349,11 @@ def _run_numbers(best: Any, best_ms: Any, ref_ms: Any) -> dict[str, Any] | None:
 
 #: What ``tilecarve cache export`` writes and ``import`` reads: ``{"format": EXPORT_FORMAT, "runs": [...]}``.
 EXPORT_FORMAT = "tilecarve-tuning-cache/1"
+#: Columns added to the schema after its first form: a writable open adds them to an older file, a read-only
+#: one reads them as NULL (:meth:`TuningDB._select`).
+_LATER_COLUMNS = (("runs", "best_prim", "TEXT"), ("trials", "rounds", "INTEGER"), ("trials", "spread", "REAL"),
+                  ("trials", "device", "TEXT"))
+
 _RUN_COLUMNS = ("key", "kernel", "target", "created", "finished", "best_config", "best_latency_ms", "ref_latency_ms",
                 "n_configs", "meta", "best_prim")
 # and "device", optional (files exported before it lack it)
@@ -595,8 +610,12 @@ class TuningDB:
         self.path = db_file(path)
         self.readonly, self.immutable = readonly, False
         self._opened: dict[str, tuple[str, str, int, str]] = {}  # runs opened here: what re-opens one deleted
+        self._absent: set[tuple[str, str]] = set()  # later columns an older file opened read-only lacks
         if readonly:
             self._conn = self._open_readonly()
+            tables = self.tables()
+            self._absent = {(t, c) for t, c, _ in _LATER_COLUMNS if t in tables
+                            and c not in {r[1] for r in self._conn.execute(f"PRAGMA table_info({t})")}}
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -668,9 +687,7 @@ class TuningDB:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
-            for table, column, decl in (("runs", "best_prim", "TEXT"), ("trials", "rounds", "INTEGER"),
-                                        ("trials", "spread", "REAL"),
-                                        ("trials", "device", "TEXT")):  # files from before these columns
+            for table, column, decl in _LATER_COLUMNS:  # files from before these columns
                 have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
                 if column not in have:
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
@@ -732,23 +749,46 @@ class TuningDB:
     def close(self) -> None:
         self._conn.close()
 
+    def _select(self, table: str, columns: Iterable[str]) -> str:
+        """``columns`` of ``table`` for a SELECT, a later column an older file lacks read as NULL (a file opened
+        read-only is not brought up to date)."""
+        return ", ".join(f"NULL AS {c}" if (table, c) in self._absent else c for c in columns)
+
+    @contextlib.contextmanager
+    def _snapshot(self):
+        """One read transaction: what is read inside it is one state of the file, whatever another process
+        writes meanwhile (a run's row and its trials, as one run)."""
+        if self._conn.in_transaction:  # already one (a caller's): it is the snapshot
+            yield
+            return
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._conn.execute("COMMIT")
+
     def finished_run(self, key: str) -> StoredRun | None:
         """The finished run stored under ``key``, or ``None``; :class:`DamagedRow` if a row is not sound."""
-        row = self._conn.execute(
-            "SELECT best_config, best_latency_ms, ref_latency_ms, best_prim FROM runs "
-            "WHERE key=? AND finished IS NOT NULL", (key,)).fetchone()
-        if row is None:
-            return None
-        best, best_ms, ref_ms, best_prim = row
-        best_config = _run_numbers(best, best_ms, ref_ms)
-        return StoredRun(best_config, best_ms, ref_ms, best_prim, self.trials(key))
+        with self._snapshot():
+            row = self._conn.execute(
+                f"SELECT {self._select('runs', ('best_config', 'best_latency_ms', 'ref_latency_ms', 'best_prim'))} "
+                "FROM runs WHERE key=? AND finished IS NOT NULL", (key,)).fetchone()
+            if row is None:
+                return None
+            best, best_ms, ref_ms, best_prim = row
+            best_config = _run_numbers(best, best_ms, ref_ms)
+            return StoredRun(best_config, best_ms, ref_ms, best_prim, self.trials(key))
 
     def trials(self, key: str) -> dict[int, Trial]:
         """The trials recorded under ``key``; :class:`DamagedRow` if one is not sound."""
-        rows = self._conn.execute(
-            "SELECT idx, config, status, error, compile_s, median_ms, min_ms, iqr_ms, rounds, spread, device "
-            "FROM trials WHERE key=? ORDER BY idx", (key,)).fetchall()
-        return dict(_trial_from_row(r) for r in rows)
+        return dict(_trial_from_row(r[:-1]) for r in self._trial_rows(key))
+
+    def _trial_rows(self, key: str) -> list[tuple]:
+        """The trial rows of ``key``, as :func:`_trial_from_row` reads them, each with its ``recorded`` last."""
+        cols = ("idx", "config", "status", "error", "compile_s", "median_ms", "min_ms", "iqr_ms", "rounds", "spread",
+                "device", "recorded")
+        return self._conn.execute(f"SELECT {self._select('trials', cols)} FROM trials WHERE key=? ORDER BY idx",
+                                  (key,)).fetchall()
 
     def open_run(self, key: str, kernel: str, target: str, n_configs: int, meta: dict[str, Any]) -> None:
         """Open the run under ``key``. An unfinished one (the process was interrupted) keeps its trials,
@@ -827,10 +867,14 @@ class TuningDB:
     def export_runs(self, keys: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """The runs under ``keys`` (all when None) with their trials, as JSON-able dicts; a run that is
         not sound (:class:`DamagedRow`) is an error, not a silent omission."""
-        wanted = self.keys() if keys is None else list(keys)
+        with self._snapshot():  # a run and its trials as of one moment, while a tuning run may be writing
+            return self._export(self.keys() if keys is None else list(keys))
+
+    def _export(self, wanted: list[str]) -> list[dict[str, Any]]:
         out = []
         for key in wanted:
-            row = self._conn.execute(f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)).fetchone()
+            row = self._conn.execute(f"SELECT {self._select('runs', _RUN_COLUMNS)} FROM runs WHERE key=?",
+                                     (key,)).fetchone()
             if row is None:
                 raise KeyError(key)
             run = dict(zip(_RUN_COLUMNS, row))
@@ -839,12 +883,14 @@ class TuningDB:
                 run["meta"] = json.loads(run["meta"])
             except (TypeError, ValueError) as e:
                 raise DamagedRow(f"run {key[:12]}: meta {run['meta']!r}: {e}") from None
-            recorded = dict(self._conn.execute("SELECT idx, recorded FROM trials WHERE key=?", (key,)).fetchall())
-            run["trials"] = [{"idx": i, "config": t.config, "status": str(t.status), "error": t.error,
-                              "compile_s": t.compile_s, "median_ms": t.median_ms, "min_ms": t.min_ms,
-                              "iqr_ms": t.iqr_ms, "recorded": recorded[i], "rounds": t.rounds, "spread": t.spread,
-                              "device": t.device}
-                             for i, t in sorted(self.trials(key).items())]
+            trials = []
+            for r in self._trial_rows(key):  # each trial with its own row's recorded time: one query, no gap
+                i, t = _trial_from_row(r[:-1])
+                trials.append({"idx": i, "config": t.config, "status": str(t.status), "error": t.error,
+                               "compile_s": t.compile_s, "median_ms": t.median_ms, "min_ms": t.min_ms,
+                               "iqr_ms": t.iqr_ms, "recorded": r[-1], "rounds": t.rounds, "spread": t.spread,
+                               "device": t.device})
+            run["trials"] = trials
             out.append(run)
         return out
 

@@ -45,11 +45,11 @@ from typing import Any
 
 from . import forking, procs, spares
 from .bench import Measurer, make_measurer
-from .cache import DamagedRow, TuningCacheWarning, TuningDB
+from .cache import DamagedRow, TuningCacheWarning, TuningDB, db_file
 from .compile import CompileBatch, compile_many
 from .config import config_label, same_config
 from .devices import DevicePool, open_isolated
-from .errors import CudaContextLost, KernelFactoryWarning, TuningError, TuningInputError
+from .errors import CudaContextLost, KernelFactoryWarning, TuningCacheError, TuningError, TuningInputError
 from .logs import tilelang_logs_for_run
 from .settings import check_setting
 from .timeline import Timeline
@@ -137,6 +137,25 @@ def _without_db(db: TuningDB, what: str, label: str, e: sqlite3.Error) -> None:
                   TuningCacheWarning, stacklevel=3)
 
 
+def _open_db(path: Any) -> TuningDB:
+    """The tuning database at ``path`` for a job. One that exists but cannot be opened for writing (a
+    read-only file or directory, a full disk) is opened read-only, with a warning: its winners are still
+    served, and what this job measures is returned but not stored. One that cannot be created at all is a
+    :class:`.errors.TuningCacheError` naming it and the ways out, before anything is measured."""
+    try:
+        return TuningDB(path)
+    except TuningCacheError as e:
+        if not db_file(path).is_file():
+            raise
+        try:
+            db = TuningDB(path, readonly=True)
+        except TuningCacheError:
+            raise e from None
+        warnings.warn(f"{e}; the database was opened read-only: its stored results are used, and what this run "
+                      "measures is not stored", TuningCacheWarning, stacklevel=4)
+        return db
+
+
 def _distrust(why: str) -> None:
     warnings.warn(f"not using the stored tuning result: {why}; tuning again", TuningCacheWarning, stacklevel=5)
 
@@ -168,7 +187,7 @@ class _Job:
                     if rs.cache:
                         db = dbs.get(str(rs.db_path))
                         if db is None:
-                            db = dbs[str(rs.db_path)] = TuningDB(rs.db_path)
+                            db = dbs[str(rs.db_path)] = _open_db(rs.db_path)
                     try:
                         hit = plan.cached(db) if db is not None else None
                     except TuningError as e:  # the stored winner's factory hangs: this plan's failure
@@ -179,8 +198,8 @@ class _Job:
                         hit = db = None
                     if hit is not None:
                         out[slot] = hit
-                    else:
-                        self.runs.append(_PlanRun(self, len(self.runs), slot, plan, db))
+                    else:  # a file only readable: looked up, nothing stored (_open_db warned)
+                        self.runs.append(_PlanRun(self, len(self.runs), slot, plan, None if db and db.readonly else db))
                 if self.runs:
                     self._tune()
                     for r in self.runs:

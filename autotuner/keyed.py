@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import numbers
+import sqlite3
 import threading
 import weakref
 from collections import Counter
@@ -33,10 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .buckets import Buckets, as_buckets
-from .cache import TuningDB, function_fingerprint
+from .cache import TuningDB, db_file, function_fingerprint
 from .compile import tl_compile
 from .config import as_reasons, config_label, merge_pass_configs, normalize_configs, split_config
-from .errors import KeyRefused, TuningError
+from .errors import KeyRefused, TuningCacheError, TuningError
 from .scratch import input_positions, positions
 from .table import Entry, KernelSection, TableError, TunedTable, load_table, typed_key
 
@@ -189,6 +190,7 @@ class KeyedKernel:
         self._source: str | None = None
         self._target: Any = None
         self._lock = threading.RLock()
+        self._unreadable: set[str] = set()  # tuning databases it could not read, warned about once
         _REGISTRY.add(self)
 
     def _fn_name(self) -> str:
@@ -477,15 +479,32 @@ class KeyedKernel:
         return (AutoTuner.from_kernel(functools.partial(self.fn, **b), self.candidates(b), validate)
                 .set_compile_args(**self.compile_args).set_tuning(**self.tuning_args))
 
-    def _stored(self, b: dict[str, Any]) -> tuple[dict[str, Any], float | None] | None:
+    def _stored(self, b: dict[str, Any], strict: bool = False) -> tuple[dict[str, Any], float | None] | None:
+        """The database's winner for bucket ``b`` as ``(config, latency)``, or ``None``. The file is only read:
+        a serving process creates no database where there is none (a model on a read-only filesystem, a
+        serving host), and one it cannot read is logged once and served without (the fallback); ``strict``
+        (writing a table, :meth:`section`) raises :class:`.errors.TuningCacheError` instead, since leaving
+        the key out would lose its tuned config silently."""
         tuner = self.tuner(b)
         if not tuner.run_settings.cache:
             return None
-        db = TuningDB(tuner.run_settings.db_path)
+        path = db_file(tuner.run_settings.db_path)
+        if not path.is_file():
+            return None
         try:
-            stored, why = tuner.stored_winner(db, tuner.cache_key(self.warmup, self.rep))
-        finally:
-            db.close()
+            db = TuningDB(path, readonly=True)
+            try:
+                stored, why = tuner.stored_winner(db, tuner.cache_key(self.warmup, self.rep))
+            finally:
+                db.close()
+        except (TuningCacheError, sqlite3.Error) as e:
+            if strict:
+                raise TuningCacheError(f"{self.name}: cannot read the tuning database {path} for {b}: {e}") from e
+            if str(path) not in self._unreadable:
+                self._unreadable.add(str(path))
+                logger.warning("%s: cannot read the tuning database %s (%s); the keys it would serve get the "
+                               "fallback (untuned)", self.name, path, e)
+            return None
         if why is not None:
             logger.warning("%s: not serving the tuning database's winner for %s: %s", self.name, b, why)
         return None if stored is None else (stored.best_config, stored.best_latency_ms)
@@ -564,7 +583,7 @@ class KeyedKernel:
                     origin = entry.origin
                 entries.append(Entry(b, chosen[0], chosen[2], origin))
                 continue
-            stored = self._stored(b)
+            stored = self._stored(b, strict=True)
             if stored is None:
                 logger.info("%s: %s has no tuned config; left out of the table", self.name, b)
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -276,9 +277,10 @@ class RunSettings:
         if self.backend == "ray" and not self.isolate:
             raise ValueError("backend='ray' measures in Ray actors, each its own process; it needs isolate=True "
                              "(drop isolate=False, or backend='ray')")
-        if self.db_path is not None and not isinstance(self.db_path, (str, bytes)) and not hasattr(
-                self.db_path, "__fspath__"):
-            raise TypeError(f"db_path must be a path, got {self.db_path!r}")
+        if self.db_path is not None:
+            if not isinstance(self.db_path, (str, bytes)) and not hasattr(self.db_path, "__fspath__"):
+                raise TypeError(f"db_path must be a path, got {self.db_path!r}")
+            object.__setattr__(self, "db_path", os.fsdecode(self.db_path))  # bytes too (pathlib takes str only)
 
 
 def key_fields(*settings: Any) -> dict[str, Any]:

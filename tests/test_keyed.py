@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -120,8 +119,7 @@ def test_fallback_is_logged_once_per_key_counted_and_never_timed(tmp_path, caplo
     assert sorted(kk.untuned(), key=lambda x: x[0]["M"]) == [(key(8), 5), (key(64), 1)]
     assert (NAME, key(8), 5) in autotuner.untuned()
     assert kk.config_for(key(3)) == (CONFIGS[0], "fallback")
-    runs = sqlite3.connect(tmp_path / "db.sqlite").execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-    assert runs == 0
+    assert not (tmp_path / "db.sqlite").exists()  # nothing tuned, nothing stored: serving creates no database
 
 
 def test_a_key_that_is_not_dynamic_is_compiled_per_exact_value(tmp_path):
