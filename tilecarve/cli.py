@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -44,11 +45,14 @@ def _gpu_names() -> str:
 
 def gpu(value: str) -> Any:
     """A GPU the carver models: a name from its table (or an alias) as a ``GPUArch``, or "cuda" / "cuda:N"
-    for the local device, kept as text until a command needs it."""
+    (N a device index: 0, 1, ...) for the local device, kept as text until a command needs it."""
     from carver.arch import CUDA
 
     if value.strip().lower().split(":")[0] == "cuda":
-        return value
+        if not re.fullmatch(r"cuda(:[0-9]+)?", value.strip().lower()):
+            raise argparse.ArgumentTypeError(f"{value!r}: the local GPU is 'cuda' (device 0) or 'cuda:N' with N a "
+                                             f"device index (0, 1, ...), e.g. cuda:1; or name a GPU: {_gpu_names()}")
+        return value.strip()
     try:
         return CUDA(value)
     except ValueError:
@@ -56,18 +60,47 @@ def gpu(value: str) -> Any:
                                          f"hopper, a100), or 'cuda' for the local one") from None
 
 
-def dim(value: str) -> int:
+def _integer(value: str, what: str, lo: int, hi: int | None = None) -> int:
+    """``value`` as an int from ``lo`` to ``hi``, else an ``ArgumentTypeError`` (exit 2) saying ``what`` it is."""
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a dimension is a positive integer, got {value!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"a dimension is a positive integer, got {n}")
+        raise argparse.ArgumentTypeError(f"{what}, got {value!r}") from None
+    if n < lo or hi is not None and n > hi:
+        raise argparse.ArgumentTypeError(f"{what}, got {n}")
     return n
 
 
-def count(value: str) -> int:
-    return dim(value)
+def dim(value: str) -> int:
+    """M, N, K: a positive integer."""
+    return _integer(value, "a dimension is a positive integer", 1)
+
+
+#: The largest --topk (``templates.protocol.TuneOptions`` takes a 32-bit count).
+TOPK_MAX = 2**31 - 1
+
+
+def topk(value: str) -> int:
+    """--topk: how many ranked configs, 1 or more (``TuneOptions.topk``)."""
+    return _integer(value, f"a number of configs is an integer from 1 to {TOPK_MAX}, e.g. 8", 1, TOPK_MAX)
+
+
+def calls(value: str) -> int:
+    """--rep: a number of timed calls, 1 or more (``check_setting('rep')``: >= 1)."""
+    return _integer(value, "a number of timed calls is an integer >= 1, e.g. 20", 1)
+
+
+def warmup_calls(value: str) -> int:
+    """--warmup: a number of calls before timing, 0 or more (``check_setting('warmup')``: >= 0; 0: none)."""
+    return _integer(value, "a number of warmup calls is an integer >= 0 (0: no warmup), e.g. 3", 0)
+
+
+def jobs(value: str) -> int:
+    """--jobs: compile workers, 1 or more, or -1 for all cores (``check_setting('n_jobs')``)."""
+    n = _integer(value, "a number of compile workers is an integer >= 1, or -1 for all cores", -1)
+    if n == 0:
+        raise argparse.ArgumentTypeError("a number of compile workers is an integer >= 1, or -1 for all cores, got 0")
+    return n
 
 
 # --------------------------------------------------------------------------------------------------
@@ -99,6 +132,8 @@ def _arch(value: Any) -> Any:
     except RuntimeError as e:  # "cuda" without a visible GPU
         raise NeedsGPU(f"--gpu {value} models the local GPU and none is visible here; name one instead, e.g. "
                        f"--gpu H100 (known: {_gpu_names()})") from e
+    except ValueError as e:  # a local GPU the carver has no model for: the message says what to build
+        raise CommandError(f"--gpu {value}: {e}; or name a GPU the carver knows: {_gpu_names()}") from e
 
 
 def ranked_hints(family: str, problem: Any, arch: Any, topk: int) -> list[dict[str, Any]]:
@@ -238,9 +273,14 @@ def cmd_quality(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as e:  # a dependency of the report (tilecarve.quality ships with the package)
         raise CommandError(f"the quality report needs {e.name}, which is not installed: "
                            f"python3 -m pip install 'tilecarve[bench]'") from e
+    if args.out is not None:
+        _check_report_dir(args.out)
     out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="tilecarve-quality-"))
     out.mkdir(parents=True, exist_ok=True)
-    summary = quality.write_report(args.data_dir, out, arch=args.arch)
+    try:
+        summary = quality.write_report(args.data_dir, out, arch=args.arch)
+    except FileNotFoundError as e:  # no measured grid under DATA_DIR: the message says what was looked for
+        raise CommandError(str(e)) from e
     if args.json:
         _print_json(summary)
         return EXIT_OK
@@ -248,6 +288,21 @@ def cmd_quality(args: argparse.Namespace) -> int:
     for path in sorted(out.iterdir()):
         print(f"  {path}")
     return EXIT_OK
+
+
+def _check_report_dir(out: Path) -> None:
+    """Refuse an ``--out`` that is a file, or where the report's ``hint_quality.json`` would replace a measured
+    grid (``--out DATA_DIR`` with a grid of that name): measured data is not written over."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; give a folder for the report (it is created if missing)")
+    report = out / "hint_quality.json"
+    try:
+        doc = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else None
+    except (OSError, ValueError):
+        doc = None  # not a grid: the report replaces it, as it replaces an earlier report
+    if isinstance(doc, dict) and {"summary", "results"} <= doc.keys():
+        raise UsageError(f"--out {str(out)!r} holds a measured grid named hint_quality.json, which the report would "
+                         f"replace; give another folder")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -272,7 +327,7 @@ def _problem_args(p: argparse.ArgumentParser, layout: bool) -> None:
                             "nn C = A @ B with B KxN; tn, tt: A stored KxM")
     else:
         p.set_defaults(layout=None)
-    p.add_argument("--topk", type=count, default=8, help="how many of the carver's ranked configs (default 8)")
+    p.add_argument("--topk", type=topk, default=8, help="how many of the carver's ranked configs (default 8)")
     p.add_argument("--json", action="store_true", help="print JSON on stdout instead of a table")
 
 
@@ -309,9 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
             f.add_argument("--no-split-k", action="store_true", help="no split-K variants for few-wave shapes")
             f.add_argument("--no-variants", action="store_true", help="no Hopper variants (full_row, persistent, ws)")
         f.set_defaults(no_split_k=False, no_variants=False, func=cmd_tune, prog=f.prog)
-        f.add_argument("--warmup", type=count, default=3, help="calls before timing (default 3)")
-        f.add_argument("--rep", type=count, default=20, help="timed calls per candidate (default 20)")
-        f.add_argument("--jobs", type=count, default=None, help="compile workers (default: all cores)")
+        f.add_argument("--warmup", type=warmup_calls, default=3, help="calls before timing, 0 or more (default 3)")
+        f.add_argument("--rep", type=calls, default=20, help="timed calls per candidate, 1 or more (default 20)")
+        f.add_argument("--jobs", type=jobs, default=None, help="compile workers, 1 or more, or -1 for all cores "
+                                                               "(default: all cores)")
         f.add_argument("--timing", choices=("burst", "sustained", "back_to_back"), default="burst",
                        help="burst (default); sustained: finalists timed at the clock a busy GPU holds; "
                             "back_to_back: every candidate timed back to back, as a model's forward runs it")
@@ -323,8 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("quality", parents=[common], help="the hint-quality report (figures as PNG)",
                        description="How well the carver's ranking matched measurements: figures as PNG files and "
                                    "a summary, from a folder of measured hint files.")
-    q.add_argument("data_dir", type=Path, metavar="DATA_DIR", help="folder of measured hint files")
-    q.add_argument("--out", type=Path, default=None, help="where to write (default: a new temporary folder, printed)")
+    q.add_argument("data_dir", type=Path, metavar="DATA_DIR",
+                   help="folder of measured hint files, searched for *.json: JSON files that are not measured grids "
+                        "are skipped, and so are files that are not valid JSON (or whose summary and results are "
+                        "not an object and a list), each named in a warning on stderr")
+    q.add_argument("--out", type=Path, default=None, help="the folder to write the figures and hint_quality.json "
+                                                          "into (default: a new temporary folder, printed)")
     q.add_argument("--arch", default=None, help="the GPU the data was measured on, e.g. H200 (optional)")
     q.add_argument("--json", action="store_true", help="print the summary as JSON")
     q.set_defaults(func=cmd_quality, prog=q.prog)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import math
 import os
 import time
@@ -33,6 +34,8 @@ from typing import Any
 
 __all__ = ["DATA_ROOT", "FAMILIES", "KS", "Family", "Grid", "data_root", "load_grids", "mispredictions",
            "recall_curve", "save_report", "score_grid", "spearman", "write_report"]
+
+logger = logging.getLogger(__name__)
 
 #: The measured data shipped in a source checkout (absent from an installed wheel: pass a directory).
 DATA_ROOT = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
@@ -161,21 +164,50 @@ def data_root() -> Path:
                             "set TILECARVE_DATA to a directory of measured grids")
 
 
+def _read_json(f: Path) -> Any:
+    """The JSON document in ``f``, or a ``ValueError`` naming the file and what is wrong with it."""
+    try:
+        return json.loads(f.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"cannot read {f}: {e.strerror or e}") from e
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{f} is not valid JSON ({e})") from e
+
+
 def load_grids(*paths: str | os.PathLike[str]) -> list[Grid]:
     """Every grid file under ``paths`` (files or directories, searched recursively), sorted by path.
-    Other JSON files (summaries, benchmark boards) are skipped; a path with no grid raises."""
+    Other JSON files (summaries, benchmark boards) are skipped. In a directory, a ``*.json`` file that cannot
+    be read as JSON (another program's, or a grid cut short), or whose ``summary``/``results`` are not an object
+    and a list, is skipped too, with a warning naming it: a folder such as /tmp holds files that are none of
+    ours. Such a file named in ``paths`` itself is a ``ValueError`` naming it. A path with no grid raises."""
     found: list[Grid] = []
+    unread: list[str] = []
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist: pass a directory of measured grids, e.g. {DATA_ROOT}")
-        files = sorted(p.rglob("*.json")) if p.is_dir() else [p]
-        for f in files:
-            data = json.loads(f.read_text())
-            if not (isinstance(data, dict) and {"summary", "results"} <= data.keys()):
+        scan = p.is_dir()
+        for f in sorted(p.rglob("*.json")) if scan else [p]:
+            try:
+                data = _read_json(f)
+                if not (isinstance(data, dict) and {"summary", "results"} <= data.keys()):
+                    continue  # other JSON: a summary, a benchmark board
+                if not isinstance(data["summary"], dict) or not isinstance(data["results"], list):
+                    raise ValueError(f"{f} has 'summary' and 'results' but is no measured grid: they are "
+                                     f"{type(data['summary']).__name__} and {type(data['results']).__name__}, "
+                                     "expected an object and a list")
+            except ValueError as e:
+                if not scan:
+                    raise
+                unread.append(str(f))
+                logger.warning("%s; skipped (only measured grids are scored)", e)
                 continue
             found.append(Grid(f, data["summary"], data["results"]))
     if not found:
-        raise FileNotFoundError(f"no measured grid (a JSON file with 'summary' and 'results') under {paths}")
+        more = ", ..." if len(unread) > 3 else ""
+        also = (f" ({len(unread)} *.json files that could not be read as grids were skipped: "
+                f"{', '.join(unread[:3])}{more})" if unread else "")
+        raise FileNotFoundError(f"no measured grid (a JSON file with 'summary' and 'results') under "
+                                f"{', '.join(map(str, paths))}{also}")
     unknown = sorted({g.family for g in found} - FAMILIES.keys())
     if unknown:
         raise ValueError(f"grids of family {unknown} have no entry in tilecarve.quality.FAMILIES "
