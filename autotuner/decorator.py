@@ -28,7 +28,7 @@ from .capture import AutotuneInputs, active_inputs
 from .compile import tl_compile
 from .config import PASS_CONFIGS_KEY
 from .scratch import positions
-from .served import ServedKernel, launch
+from .served import ServedKernel, check_args, on_device
 from .tuner import AutoTuner
 
 __all__ = ["AutoTuneImpl", "autotune"]
@@ -112,8 +112,10 @@ class AutoTuneImpl:
                 return self._served(self.jit_impl.compile(*args, **kwargs))
             # TileLang compiles it and runs it on the call's tensors: checked as a served kernel's are
             logger.info("an eager-style kernel with its tunables given: compiling with tilelang.jit, no tuning")
-            names = list(inspect.signature(self.factory).parameters)
-            return launch(functools.partial(self.jit_impl, **kwargs), args, names)
+            # every argument, keywords too, checked by name (autotuner.served); scalars and flags pass
+            bound = inspect.signature(self.factory).bind_partial(*args, **kwargs).arguments
+            gpu = check_args(list(bound.values()), list(bound))
+            return on_device(gpu, self.jit_impl, *args, **kwargs)
         given = self._given(args, kwargs, tunable)
         if given:  # TileLang's way to skip tuning: fix the tunable parameters in the call
             logger.info("tunable parameters %s given in the call: compiling with tilelang.jit, no tuning", given)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["ALIGN", "ServedKernel", "launch"]
+__all__ = ["ALIGN", "ServedKernel", "check_args", "launch", "on_device"]
 
 #: The byte boundary every tensor a served kernel takes must start on.
 ALIGN = 16
@@ -40,34 +40,73 @@ def _several_gpus() -> bool:
     return _SEVERAL_GPUS[0]
 
 
-def launch(fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str] = ()) -> Any:
-    """``fn(*args)`` for a compiled kernel ``fn``, after refusing a tensor not on a 16-byte boundary
-    (``names``: the arguments' names, for the message), and on the tensors' GPU with the caller's current
-    device restored after it (where the process sees more than one GPU)."""
+def check_args(args: Sequence[Any], names: Sequence[str] = (), buffers: Sequence[bool] = ()) -> int | None:
+    """Refuse a tensor among ``args`` that does not start on a 16-byte boundary, and a non-tensor where
+    ``buffers[i]`` says the kernel takes a buffer (TileLang's C-target adapter crashes the process on
+    ``None`` or a number there); ``names``: the arguments' names, for the messages. Returns the GPU of the
+    first CUDA tensor, or ``None``."""
     import torch
 
     dev = None
     for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             if a.data_ptr() % ALIGN:
-                name = f"{names[i]!r} " if i < len(names) else ""
-                raise ValueError(
-                    f"argument {i} {name}starts {a.data_ptr() % ALIGN} bytes past a {ALIGN}-byte boundary (a view at "
-                    f"an offset of {a.storage_offset()} elements, shape {tuple(a.shape)}): the kernel loads "
-                    f"{ALIGN}-byte pieces and needs every tensor to start on such a boundary, or it faults and takes "
-                    f"the process's CUDA context with it; pass a copy (.clone()) or a view that starts on one")
+                raise ValueError(_misaligned(i, names, a))
             if dev is None and a.is_cuda:
                 dev = a.device.index
-    if dev is not None and _several_gpus() and dev != torch.cuda.current_device():
-        with torch.cuda.device(dev):
-            return fn(*args)
-    return fn(*args)
+        elif i < len(buffers) and buffers[i]:
+            raise TypeError(f"argument {i} {_label(i, names)}is {type(a).__name__} ({a!r:.60}), not a torch.Tensor; "
+                            f"the kernel takes a tensor there")
+    return dev
+
+
+def _label(i: int, names: Sequence[str]) -> str:
+    return f"{names[i]!r} " if i < len(names) else ""
+
+
+def _misaligned(i: int, names: Sequence[str], a: Any) -> str:
+    off = a.data_ptr() % ALIGN
+    by_view = a.storage_offset() and (a.storage_offset() * a.element_size()) % ALIGN == off
+    where = (f"a view {a.storage_offset()} elements into its storage" if by_view
+             else "its memory itself starts there (not a view of torch's allocation)")
+    gpu = ", and on a GPU that ends the process's CUDA context" if a.is_cuda else ""
+    return (f"argument {i} {_label(i, names)}starts {off} bytes past a {ALIGN}-byte boundary ({where}, shape "
+            f"{tuple(a.shape)}): the kernel loads {ALIGN}-byte pieces and needs every tensor to start on such a "
+            f"boundary, or it faults{gpu}; pass a copy (.clone()) or a view that starts on one")
+
+
+def on_device(dev: int | None, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with GPU ``dev`` current, and the caller's current device restored after it
+    (where the process sees more than one GPU, and ``dev`` is not the current one already)."""
+    if dev is not None and _several_gpus():
+        import torch
+
+        if dev != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                return fn(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def launch(fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str] = (),
+           buffers: Sequence[bool] = ()) -> Any:
+    """``fn(*args)`` for a compiled kernel ``fn``, its arguments checked (:func:`check_args`), on the
+    tensors' GPU with the caller's current device restored after it (:func:`on_device`)."""
+    return on_device(check_args(args, names, buffers), fn, *args)
 
 
 def _names(jit: Any) -> list[str]:
     from .bench import param_names
 
     return param_names(jit)
+
+
+def _buffer_mask(jit: Any, n: int) -> list[bool]:
+    """Per parameter of ``jit``, whether it is a buffer (a tensor) rather than a scalar; empty when unknown."""
+    try:
+        func = jit.prim_func
+        return [p in func.buffer_map for p in func.params]
+    except Exception:  # noqa: BLE001 - a kernel object without a PrimFunc: no type check
+        return []
 
 
 class ServedKernel:
@@ -95,7 +134,10 @@ class ServedKernel:
         self._all = _names(jit_kernel)
         n = len(self._all)
         outs = [int(i) % n for i in (jit_kernel.out_idx or [])] if n else []
-        self._in = [self._all[i] for i in input_positions(n, outs, [])]  # a call passes these alone
+        ins = input_positions(n, outs, [])
+        self._in = [self._all[i] for i in ins]  # a call passes these alone
+        self._buf_all = _buffer_mask(jit_kernel, n)
+        self._buf_in = [self._buf_all[i] for i in ins] if self._buf_all else []
         self._params = list(jit_kernel.params) if check_dims else None
         self._in_params = [self._params[i] for i in input_positions(n, outs, [])] if check_dims else None
 
@@ -105,7 +147,7 @@ class ServedKernel:
             from .check import check_shared_dims
 
             check_shared_dims(self._params if every else self._in_params, args)
-        got = launch(self.jit_kernel, args, self._all if every else self._in)
+        got = launch(self.jit_kernel, args, self._all if every else self._in, self._buf_all if every else self._buf_in)
         return self._outputs(got)
 
     def launch_checked(self, *args: Any) -> Any:

@@ -62,7 +62,7 @@ from .config import (
 from .devices import Device, resolve_devices
 from .errors import TuningError, TuningInputError
 from .scratch import positions as scratch_positions
-from .served import launch
+from .served import check_args, launch, on_device
 from .settings import (
     TIMING_BACKENDS,
     CheckSettings,
@@ -105,6 +105,8 @@ class TunedKernel:
         #: scratch parameters (:mod:`.scratch`): allocated per call, on the current stream, never returned
         self.scratch = scratch_positions(jit_kernel, out_idx)
         self._names = param_names(jit_kernel)
+        skip = set(self.scratch) | {i for i in out_idx if i not in self._inout}
+        self._in_names = [name for i, name in enumerate(self._names) if i not in skip]  # what a caller passes
 
     def __call__(self, *args: Any) -> Any:
         import torch
@@ -120,6 +122,7 @@ class TunedKernel:
             return None
         if len(args) != n_in:
             raise TypeError(f"kernel takes {n_in} inputs (or all {n} buffers), got {len(args)}")
+        gpu = check_args(args, self._in_names)  # alignment, named as the caller passed them (autotuner.served)
 
         device = args[0].device if args else torch.device(self._device)  # every argument is a tensor (above)
         it = iter(args)
@@ -133,7 +136,7 @@ class TunedKernel:
             full.append(t)
             if i in self.out_idx:
                 outs.append(t)
-        launch(self.jit_kernel, full, self._names)  # alignment checked, the caller's GPU kept (autotuner.served)
+        on_device(gpu, self.jit_kernel, *full)  # the caller's current GPU kept (autotuner.served)
         return outs[0] if len(outs) == 1 else outs
 
     def get_profiler(self, tensor_supply_type: Any = None) -> Any:

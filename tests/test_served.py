@@ -23,7 +23,7 @@ def at_offset(elements: int, seed: int = 0) -> torch.Tensor:
     return flat[elements:elements + SHAPE[0] * SHAPE[1]].view(SHAPE)
 
 
-MISALIGNED = r"argument 1 'B' starts 4 bytes past a 16-byte boundary \(a view at an offset of 1 elements"
+MISALIGNED = r"argument 1 'B' starts 4 bytes past a 16-byte boundary \(a view 1 elements into its storage"
 
 
 def keyed(M: int):
@@ -98,8 +98,28 @@ def test_an_eager_style_call_and_compile_are_checked_too():
     a, b = at_offset(0), at_offset(1)
     with pytest.raises(ValueError, match=MISALIGNED):
         mk.eager_add(a, b, block_M=16, block_N=32)
+    for call in (dict(A=a, B=b), dict(B=b, A=a)):  # keywords are checked too, named as the factory names them
+        with pytest.raises(ValueError, match=r"argument \d 'B' starts 4 bytes past"):
+            mk.eager_add(**call, block_M=16, block_N=32)
     kernel = mk.eager_add.compile(M=256, N=256, block_M=16, block_N=32)
     assert isinstance(kernel, ServedKernel)
     with pytest.raises(ValueError, match=MISALIGNED):
         kernel(a, b)
     torch.testing.assert_close(kernel(a, b.clone()), a + b)
+
+
+def test_a_non_tensor_where_the_kernel_takes_a_buffer_is_refused_not_a_crash(tuned):
+    """TileLang's C-target adapter takes None or a number for a tensor and crashes the process."""
+    for kernel in (kinds(tuned)["compiled"], tuned):
+        for bad in (None, 3):
+            with pytest.raises(TypeError, match=r"argument 1 .*not a torch.Tensor"):
+                kernel(at_offset(0), bad)
+
+
+def test_memory_that_starts_off_the_boundary_is_not_called_a_view():
+    raw = torch.frombuffer(bytearray(4 * 17 + 16), dtype=torch.float32, offset=4, count=16)
+    if raw.data_ptr() % 16 == 0:  # the bytearray itself may start anywhere: use the 4 bytes after it
+        raw = torch.frombuffer(bytearray(4 * 17 + 16), dtype=torch.float32, offset=8, count=16)
+    assert raw.storage_offset() == 0 and raw.data_ptr() % 16
+    with pytest.raises(ValueError, match=r"its memory itself starts there \(not a view"):
+        launch(lambda *xs: None, [raw])
