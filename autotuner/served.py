@@ -100,7 +100,7 @@ def _names(jit: Any) -> list[str]:
     return param_names(jit)
 
 
-def _buffer_mask(jit: Any, n: int) -> list[bool]:
+def _buffer_mask(jit: Any) -> list[bool]:
     """Per parameter of ``jit``, whether it is a buffer (a tensor) rather than a scalar; empty when unknown."""
     try:
         func = jit.prim_func
@@ -136,7 +136,7 @@ class ServedKernel:
         outs = [int(i) % n for i in (jit_kernel.out_idx or [])] if n else []
         ins = input_positions(n, outs, [])
         self._in = [self._all[i] for i in ins]  # a call passes these alone
-        self._buf_all = _buffer_mask(jit_kernel, n)
+        self._buf_all = _buffer_mask(jit_kernel)
         self._buf_in = [self._buf_all[i] for i in ins] if self._buf_all else []
         self._params = list(jit_kernel.params) if check_dims else None
         self._in_params = [self._params[i] for i in input_positions(n, outs, [])] if check_dims else None
