@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .bench import param_names
+
 __all__ = ["ALIGN", "ServedKernel", "check_args", "launch", "on_device"]
 
 #: The byte boundary every tensor a served kernel takes must start on.
@@ -94,12 +96,6 @@ def launch(fn: Callable[..., Any], args: Sequence[Any], names: Sequence[str] = (
     return on_device(check_args(args, names, buffers), fn, *args)
 
 
-def _names(jit: Any) -> list[str]:
-    from .bench import param_names
-
-    return param_names(jit)
-
-
 def _buffer_mask(jit: Any) -> list[bool]:
     """Per parameter of ``jit``, whether it is a buffer (a tensor) rather than a scalar; empty when unknown."""
     try:
@@ -131,7 +127,7 @@ class ServedKernel:
         self.scratch = list(scratch)
         self.out_idx = list(out_idx or []) if self.scratch else jit_kernel.out_idx
         self._device = "cuda" if "cuda" in str(getattr(jit_kernel, "target", "cuda")) else "cpu"
-        self._all = _names(jit_kernel)
+        self._all = param_names(jit_kernel)
         n = len(self._all)
         outs = [int(i) % n for i in (jit_kernel.out_idx or [])] if n else []
         ins = input_positions(n, outs, [])
@@ -139,7 +135,7 @@ class ServedKernel:
         self._buf_all = _buffer_mask(jit_kernel)
         self._buf_in = [self._buf_all[i] for i in ins] if self._buf_all else []
         self._params = list(jit_kernel.params) if check_dims else None
-        self._in_params = [self._params[i] for i in input_positions(n, outs, [])] if check_dims else None
+        self._in_params = [self._params[i] for i in ins] if check_dims else None
 
     def __call__(self, *args: Any) -> Any:
         every = len(args) == len(self._all)

@@ -23,7 +23,6 @@ graph break and training still works.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from autotuner import Buckets, KeyedKernel, KeyRefused
+from autotuner.served import ALIGN, on_device
 from carver.templates import GEMV_MAX_M
 from templates.config import check_config_dict
 from templates.gemv.api import GEMV
@@ -189,13 +189,6 @@ def _fallback_reason(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return None
 
 
-@functools.cache
-def _several_gpus() -> bool:
-    """Whether this process sees more than one GPU (with one, a CUDA tensor is always on the current
-    device, and asking torch which that is costs a few microseconds a call)."""
-    return torch.cuda.device_count() > 1
-
-
 def _say_once(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)
@@ -233,15 +226,12 @@ def _forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -
         _say_once(str(e))
         return F.linear(x, weight, bias)
     x2 = x if x.dim() == 2 and x.is_contiguous() else x.reshape(M, K).contiguous()
-    if (x2.data_ptr() | weight.data_ptr()) & 15:  # a view at an odd offset: TMA and cp.async need 16 bytes
+    if (x2.data_ptr() | weight.data_ptr()) % ALIGN:  # a view at an odd offset: TMA and cp.async need 16 bytes
         _say_once("an x or weight not on a 16-byte boundary (a view at an offset); the kernels load 16-byte "
                   "pieces, so such calls go to F.linear")
         return F.linear(x, weight, bias)
-    if _several_gpus() and x.device.index != torch.cuda.current_device():
-        with torch.cuda.device(x.device):
-            y = kernel.launch_checked(x2, weight)
-    else:
-        y = kernel.launch_checked(x2, weight)  # checked above: no second look at alignment and device
+    # alignment checked above (a fallback, not the served kernel's error): the launch alone, on x's GPU
+    y = on_device(x.device.index, kernel.launch_checked, x2, weight)
     if bias is not None:
         y.add_(bias)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], N)
