@@ -48,9 +48,9 @@ from .settings import resolve_out_idx
 from .trial import Status, error_headline, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_in_loky",
-           "compile_many", "compile_task", "dump_prim", "elaborate_config", "fork_free", "in_loky_worker",
+           "compile_many", "compile_task", "dump_prim", "elaborate_config", "in_loky_worker",
            "kernel_globals", "kernel_sources", "load_prim", "restore_globals", "seed_linecache", "terminate_pool",
-           "tl_compile", "warm_worker"]
+           "tl_compile"]
 
 logger = logging.getLogger(__name__)
 
@@ -464,16 +464,6 @@ def _worker_prologue(sources: dict[str, list[str]], parent_pid: int) -> None:
     import tilelang  # noqa: F401
 
 
-def warm_worker(payload: bytes, sources: dict[str, list[str]], parent_pid: int) -> float:
-    """A task that readies a fresh worker (a Ray worker: :func:`.ray_cluster.warm_compile_workers`) for
-    compile tasks of ``payload``'s kernel, as its first compile task would: :func:`_worker_prologue`, then
-    the kernel unpickled, importing its module. Returns how long that took, in seconds."""
-    t0 = time.perf_counter()
-    _worker_prologue(sources, parent_pid)
-    cloudpickle_module().loads(payload)
-    return time.perf_counter() - t0
-
-
 def _compile_one(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                  config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
                  timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
@@ -719,15 +709,6 @@ def in_loky_worker(fn: Callable[..., Any], *args: Any) -> Any:
     finally:
         if not future.done():
             executor.terminate(kill_workers=True)
-
-
-def fork_free(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` here where this process may fork (:func:`.forking.fork_safe`), else in its loky worker:
-    what a Ray compile task runs, since a Ray worker never may. :func:`compile_task` goes through
-    :func:`compile_in_loky`, so that a worker killed from outside costs its config only."""
-    if forking.fork_safe():
-        return fn(*args)
-    return compile_in_loky(*args) if fn is compile_task else in_loky_worker(fn, *args)
 
 
 def _placed(outcomes: Iterator[CompileOutcome], where: list[tuple[int, int]],

@@ -15,7 +15,7 @@ nothing in it may count on a thread pool its parent started:
   leaves several of its C++ threads running (8-9 seen with Ray 2.60); children forked after it died of
   SIGSEGV in ordinary allocation (CI, 2026-11-23). :func:`fork_safe` is that rule for the tuning
   process's forks that go on running Python: measuring processes, compile workers, the driver query,
-  and a Ray worker's compile child (:func:`.compile.fork_free`: forked from the Ray worker's loky worker).
+  and a Ray node's compiles (children of a fork server: :class:`.ray_cluster.CompileHost`).
 
 Then:
 

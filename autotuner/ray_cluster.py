@@ -1,18 +1,18 @@
-"""Tuning on a Ray cluster (``set_tuning(backend="ray")``): compile tasks and one measuring actor per GPU.
+"""Tuning on a Ray cluster (``set_tuning(backend="ray")``): a compile host per node, a measuring actor per GPU.
 
 * **Which cluster.** The Ray instance this process is already connected to (the user called
   ``ray.init``), else the cluster ``RAY_ADDRESS`` names, else a local instance started here, without
   the dashboard; it stays up for later runs of this process (``ray.shutdown()`` ends it).
-* **Compiling.** One Ray task per config (``num_cpus=1``; ``n_jobs`` bounds how many run at once, and
-  at first only a few per GPU run, on the workers the plan readied: :func:`compile_slots`),
-  running the very :func:`.compile.compile_task` a local worker runs: a killable child per compile,
-  with its timeout, forked from the Ray worker's own loky worker (a fresh interpreter), never from the
-  Ray worker (:mod:`.forking`). The kernel travels as it does to joblib workers (cloudpickle, with the globals it
-  needs and a notebook kernel's source), once per run through Ray's object store. Outcomes come back
-  as they finish. A task lost with its worker or node is retried by Ray, then recorded as a
-  ``compile_error``.
+* **Compiling.** One :class:`CompileHost` actor per node, holding that node's share of the compile slots
+  (:func:`host_slots`: ``n_jobs``, or every CPU of the cluster), whose compiles are children of a fork
+  server that imported TileLang and the kernels' modules once; each runs the very
+  :func:`.compile.compile_task` a local worker runs (a killable child per compile, with its timeout). The
+  plan starts the hosts (:func:`prestart_compile_hosts`). The kernel travels as it does to joblib workers
+  (cloudpickle, with the globals it needs and a notebook kernel's source), once per run through Ray's
+  object store. Outcomes come back as they finish. A host lost with its node has its running compiles
+  handed to the other hosts, then they are ``compile_error`` outcomes (:func:`compile_on_ray`).
 * **Measuring.** One actor per device: ``num_gpus=1`` (Ray pins it to its GPU), no CPU reserved, so
-  the compile tasks keep every core; on the C target a fake device that reserves nothing. Each actor
+  the compile hosts keep every core; on the C target a fake device that reserves nothing. Each actor
   holds a :class:`.bench.Benches` (every problem of the job) and plays the part of one isolated measuring process behind
   :class:`.devices.DevicePool`'s queue (:class:`RayBench`). A kernel that crashes its actor costs its
   candidate (``runtime_error``) and Ray restarts the actor; one that runs past ``run_timeout`` gets
@@ -22,7 +22,7 @@
   node costs its in-flight candidates only, and a re-run resumes from the recorded trials.
 
 Workers import what this process imports: their ``PYTHONPATH`` is this process's ``sys.path``, and
-they share its ``TILELANG_CACHE_DIR`` if one is set, so a candidate compiled by a task on the same
+they share its ``TILELANG_CACHE_DIR`` if one is set, so a candidate compiled by a host on the same
 machine is a disk-cache hit for the actor that measures it. On other machines the actor compiles the
 candidate again unless that directory is on a shared file system.
 """
@@ -35,6 +35,7 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -43,12 +44,12 @@ from typing import Any
 
 from . import procs, spares
 from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload, start_device
-from .compile import CompileOutcome, cloudpickle_module, compile_task, fork_free, kernel_sources, warm_worker
+from .compile import CompileOutcome, cloudpickle_module, compile_task
 from .devices import Device, DeviceLost, device_name
-from .trial import Status
+from .trial import Status, format_error
 
-__all__ = ["ANY_MODEL", "MeasuringActor", "RayBench", "compile_on_ray", "compile_slots", "connect", "prestart_actors",
-           "resolve_ray_devices", "warm_compile_workers", "worker_runtime_env"]
+__all__ = ["ANY_MODEL", "CompileHost", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "host_slots",
+           "prestart_actors", "prestart_compile_hosts", "resolve_ray_devices", "worker_runtime_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,17 +62,10 @@ START_TIMEOUT_S = 600.0
 RESTART_TIMEOUT_S = 180.0
 #: Calls that find the actor dead, a second apart, before it is taken as dead for good.
 DEAD_CALLS = 5
-#: How often Ray retries a compile task whose worker or node died.
+#: How often a compile whose host (its node) was lost is handed to another host before it is a ``compile_error``.
 COMPILE_RETRIES = 2
-#: Compile slots a run opens first: this many per GPU of the cluster, and at least :data:`MIN_FIRST_SLOTS`.
-#: From TileLang's disk cache a compile takes 0.1-0.3 s, so a few workers per GPU keep its measuring actor
-#: fed, and every extra worker would only import TileLang (3-13 s each, the more at once the slower: on a
-#: 32-core host, 54 workers importing at once held the first compile back to 12.9 s) while the actors
-#: import theirs. Every slot of ``n_jobs`` opens once a compile takes :data:`REAL_COMPILE_S` or more.
-FIRST_SLOTS_PER_GPU = 4
-MIN_FIRST_SLOTS = 8
-#: A compile (as its task measured it) this long or longer was not a disk-cache hit: open every slot.
-REAL_COMPILE_S = 1.0
+#: Seconds a compile host may take to come up (its fork server importing TileLang and the kernels' modules).
+HOST_START_TIMEOUT_S = 600.0
 
 
 def connect() -> Any:
@@ -158,7 +152,7 @@ def run_options(ray: Any) -> dict[str, Any]:
     """The ``runtime_env`` option of a run's tasks and actors: :func:`worker_runtime_env`, or nothing when
     the cluster is this one node and a worker started as Ray starts them already imports from every path
     this process does, with the same TileLang cache directory (Ray started from this environment, as a
-    local instance is). Then Ray's idle workers, started with the cluster, run the actors and compile tasks
+    local instance is). Then Ray's idle workers, started with the cluster, run the actors and compile hosts
     at once, where a worker made for a runtime env starts in 2 s (and more when many start together).
     Asked once per Ray session and setting of this process's import path and cache directory (one that
     changes between runs is asked about again), of an idle worker, within :data:`PROBE_TIMEOUT_S`."""
@@ -211,7 +205,7 @@ class MeasuringActor:
     to Ray's object store that is read once (and again after Ray restarts the actor)."""
 
     def __init__(self, device: str) -> None:
-        # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile task's)
+        # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile host's)
         # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
         up = time.time()
         self._scratch = contextlib.ExitStack()
@@ -283,57 +277,197 @@ def prestart_actors(n: int, device: str) -> None:
         spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time(), job))
 
 
-#: The last warm-up tasks of :func:`warm_compile_workers` (kept so that nothing cancels them) and their Ray
-#: session (:func:`_session`: a ref of an earlier one is unknown to Ray, and ``ray.wait`` raises on it).
-_WARMING: list[Any] = []
-_WARMING_JOB: list[str] = []
-#: Seconds a run's compiles wait for the warm-ups before they take any worker Ray gives them.
-WARM_WAIT_S = 60.0
-#: What the workers were readied for: (Ray session, the kernel's modules).
-_WARMED: set[tuple] = set()
+class CompileHost:
+    """The compile side of one node of the cluster: a Ray actor holding the node's compile slots, whose
+    compiles are forked from a fork server that imported TileLang and the kernels' modules once.
+
+    A Ray worker may not fork a Python child (:mod:`.forking`), and each fresh interpreter imports TileLang
+    (3-13 s, the more at once the slower). So the host starts Python's ``forkserver`` (a fresh interpreter
+    with nothing of Ray's, started by ``fork``+``exec``) with TileLang preloaded, and each compile is a child
+    forked from it at once, which runs :func:`.compile.compile_task` (a killable compile child with its
+    timeout, as on a local worker) and sends back the outcome. One import per node, where one task per
+    config on Ray's workers imported TileLang in each worker (seen 2026-11-28: the first compile of a cold
+    288-config grid came 5 s later than on the direct path, and every slot 13 s later).
+
+    A compile child that dies (killed from outside) costs its config only; :meth:`cancel` ends every
+    compile running here. The host is a threaded actor: one call per compile, at most its slots at once,
+    plus room for :meth:`cancel`. Killed (its node lost, or the run over), its fork server exits, and the
+    compile children it forked stop theirs and end (:func:`.procs.worker_init`)."""
+
+    def __init__(self, preload: list[str]) -> None:
+        import multiprocessing
+
+        self._scratch = contextlib.ExitStack()  # TileLang's temporaries; swept by the next run once gone
+        self._scratch.enter_context(procs.run_scratch())
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compiling never touches a GPU, and a fork server must not
+        _no_main_in_children()
+        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx.set_forkserver_preload(["autotuner.ray_cluster", "tilelang", *preload])
+        self._running: dict[int, Any] = {}
+        self._lock = threading.Lock()
+        self._t0 = time.time()
+        self._starting = threading.Thread(target=self._start, name="tilecarve-forkserver-start", daemon=True)
+        self._starting.start()  # at once, not at the first call
+
+    def _start(self) -> None:
+        """Start the fork server (it imports what it preloads) by forking one child from it."""
+        p = self._ctx.Process(target=_noop, daemon=True)
+        p.start()
+        p.join()
+
+    def ready(self) -> dict[str, Any]:
+        """Once the fork server is up: where this host runs (node, pid) and how long its start took."""
+        import ray
+
+        self._starting.join()
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "up_s": time.time() - self._t0}
+
+    def compile(self, *task: Any) -> CompileOutcome:
+        """:func:`.compile.compile_task` of ``task`` in a child of the fork server."""
+        t0 = time.perf_counter()
+        recv, send = self._ctx.Pipe(duplex=False)
+        child = self._ctx.Process(target=_hosted_compile, args=(send, *task), daemon=True)
+        child.start()
+        send.close()
+        with self._lock:
+            self._running[child.pid] = child
+        try:
+            try:
+                return recv.recv()
+            except EOFError:
+                child.join()
+                return CompileOutcome(task[3], Status.COMPILE_ERROR, f"the compile process (pid {child.pid}) died "
+                                      f"with exit code {child.exitcode} while compiling this config: killed from "
+                                      "outside, e.g. by the OOM killer", time.perf_counter() - t0)
+        finally:
+            recv.close()
+            child.join()
+            with self._lock:
+                self._running.pop(child.pid, None)
+
+    def cancel(self) -> int:
+        """End every compile running here (their compile children first); how many there were."""
+        with self._lock:
+            running = list(self._running.values())
+        for child in running:
+            with contextlib.suppress(Exception):
+                child.terminate()
+        return len(running)
 
 
-def compile_slots(ray: Any, n_jobs: int | None, n_tasks: int | None = None) -> tuple[int, int]:
-    """``(first, every)``: the compile tasks a run keeps in flight at first, and once a real compile is seen
-    (:data:`FIRST_SLOTS_PER_GPU`). ``every`` is ``n_jobs``, or (``None``, -1) as many as the cluster has CPUs,
-    at most ``n_tasks``."""
-    have = ray.cluster_resources()
-    every = n_jobs if n_jobs not in (None, -1) else int(have.get("CPU", 1))
-    every = max(1, min(every, n_tasks) if n_tasks else every)
-    return min(every, max(MIN_FIRST_SLOTS, FIRST_SLOTS_PER_GPU * int(have.get("GPU", 0)))), every
+def _noop() -> None:
+    return None
 
 
-def _ray_compile(kind: str, *args: Any) -> Any:
-    """The one remote function of a run's compile side: ``"warm"`` runs :func:`.compile.warm_worker`, else
-    :func:`.compile.compile_task`. One function, so one Ray scheduling class: the workers leased for the
-    warm-ups are the ones the compiles queue on, not new workers started beside them. Either runs in the
-    Ray worker's loky worker (:func:`.compile.fork_free`), because a Ray worker forks no Python child
-    (:mod:`.forking`): the warm-up starts that worker, and each compile forks its child from it."""
-    return fork_free(warm_worker if kind == "warm" else compile_task, *args)
+def _no_main_in_children() -> None:
+    """Have this process's multiprocessing children not run its ``__main__`` again. A child of the fork server
+    re-imports the parent's main module as ``__mp_main__`` (what ``spawn`` does, for a script's functions);
+    in a Ray actor that is Ray's ``default_worker.py``, which imports Ray: 0.8 s of every compile (measured on a
+    2-core machine, 2026-11-28, against 0.07-0.12 s for the compile itself). Nothing a compile child runs lives
+    there. For this process only, which is a :class:`CompileHost`'s own actor."""
+    from multiprocessing import spawn
 
-
-def _compile_remote(ray: Any) -> Any:
-    return ray.remote(_ray_compile).options(num_cpus=1, max_retries=COMPILE_RETRIES, **run_options(ray))
-
-
-def warm_compile_workers(kernel: Any, n_jobs: int | None) -> None:
-    """Ready the Ray workers the compile tasks will run on first, now: one task per first compile slot
-    (:func:`compile_slots`) running :func:`.compile.warm_worker` through the compile tasks' own remote
-    function (:func:`_ray_compile`), so that each worker imports TileLang and the kernel's modules while
-    the job is planned rather than in its first compile task. Once per Ray session and kernel modules (the
-    plans of a model's problems share theirs). Returns at once."""
-    ray = connect()
-    fn = getattr(kernel, "func", kernel)  # functools.partial: a template's kernel
-    modules = {getattr(x, "__module__", None) for x in (fn, *getattr(kernel, "args", ())) if callable(x)}
-    what = (_session(ray), frozenset(m for m in modules if m))
-    if what in _WARMED:
+    if getattr(spawn.get_preparation_data, "_tilecarve", False):
         return
-    _WARMED.add(what)
-    first, _ = compile_slots(ray, n_jobs)
-    remote = _compile_remote(ray)
-    payload = ray.put(cloudpickle_module().dumps(kernel))
-    _WARMING[:] = [remote.remote("warm", payload, kernel_sources(kernel), os.getpid()) for _ in range(first)]
-    _WARMING_JOB[:] = [what[0]]
+    full = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = full(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    without_main._tilecarve = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = without_main
+
+
+def _hosted_compile(send: Any, *task: Any) -> None:
+    """A :class:`CompileHost`'s compile child: SIGTERM, or the end of the fork server (the host gone), kills
+    its compile child's group and ends it (:func:`.procs.worker_init`)."""
+    procs.worker_init(os.getppid())
+    try:
+        out = compile_task(*task)
+    except BaseException as e:  # noqa: BLE001 - a fault here is this config's, reported rather than lost
+        out = CompileOutcome(task[3], Status.COMPILE_ERROR, f"the compile process failed: {format_error(e)}", 0.0)
+    send.send(out)
+    send.close()
+
+
+@dataclass
+class _Host:
+    """A :class:`CompileHost` actor as the driver sees it: its slots, and whether it is up yet."""
+
+    actor: Any
+    node: str
+    slots: int
+    spawned: float
+    job: str  # the Ray session (:func:`_session`) it was created in
+    up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
+    busy: int = 0
+
+    def alive(self) -> bool:  # for :mod:`.spares`: taken only in the Ray session it was made in
+        import ray
+
+        return ray.is_initialized() and _session(ray) == self.job and self.up is not False
+
+    def close(self) -> None:
+        import ray
+
+        if ray.is_initialized() and _session(ray) == self.job:
+            ray.kill(self.actor, no_restart=True)
+
+
+def host_slots(ray: Any, n_jobs: int | None) -> dict[str, int]:
+    """Compile slots per alive node (its id): every CPU of the node for ``n_jobs`` ``None`` or -1, else
+    ``n_jobs`` shared over the nodes in proportion to their CPUs (the largest remainders get the rest)."""
+    cpus = {n["NodeID"]: int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")}
+    cpus = {k: v for k, v in cpus.items() if v > 0}
+    if not cpus:
+        raise ValueError("backend='ray': the Ray cluster has no CPUs to compile on (no alive node has 'CPU')")
+    total = sum(cpus.values())
+    if n_jobs in (None, -1) or n_jobs >= total:
+        return cpus
+    n = max(1, n_jobs)
+    share = {k: v * n // total for k, v in cpus.items()}
+    for k in sorted(cpus, key=lambda k: -(cpus[k] * n % total))[:n - sum(share.values())]:  # largest remainders
+        share[k] += 1
+    return {k: v for k, v in share.items() if v > 0}
+
+
+def _kernel_modules(kernels: Sequence[Any]) -> list[str]:
+    """The modules that define ``kernels`` (a template's ``functools.partial``: its function's and arguments')."""
+    modules: dict[str, None] = {}
+    for kernel in kernels:
+        fn = getattr(kernel, "func", kernel)
+        for x in (fn, *getattr(kernel, "args", ())):
+            m = getattr(x, "__module__", None) if callable(x) else None
+            if m and m != "__main__":
+                modules[m] = None
+    return list(modules)
+
+
+def _new_hosts(ray: Any, kernels: Sequence[Any], n_jobs: int | None) -> list[_Host]:
+    """One :class:`CompileHost` per node that gets slots (:func:`host_slots`), asked at once to start its
+    fork server."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    preload, job, hosts = _kernel_modules(kernels), _session(ray), []
+    for node, slots in host_slots(ray, n_jobs).items():
+        actor = ray.remote(CompileHost).options(
+            num_cpus=slots, max_concurrency=slots + 2, max_restarts=0, max_task_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), **run_options(ray)).remote(preload)
+        hosts.append(_Host(actor, node, slots, time.time(), job))
+        hosts[-1].up = actor.ready.remote()
+    return hosts
+
+
+def prestart_compile_hosts(kernel: Any, n_jobs: int | None) -> None:
+    """Start, now, the compile hosts a job will take (:mod:`.spares`), unless they are waiting already, so
+    that their fork servers import TileLang and the kernel's modules while the job is planned."""
+    ray = connect()
+    if spares.count(("ray-compile",)) == 0:
+        for host in _new_hosts(ray, [kernel], n_jobs):
+            spares.keep(("ray-compile",), host)
 
 
 class RayBench(ServedBench):
@@ -472,56 +606,83 @@ def _headline(e: BaseException) -> str:
 
 
 def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOutcome]:
-    """Run :func:`.compile.compile_task` on Ray for each argument tuple of ``tasks``; yield outcomes as
-    they finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs), and at
-    first only as many as the warm-ups readied (:func:`compile_slots`), each queued once a warm-up has
-    ended, so that it runs on that worker (within :data:`WARM_WAIT_S`): the rest open once a compile is a
-    real one rather than a disk-cache hit. Stopping early (``close()``, an exception in the consumer)
-    cancels the rest, killing running ones."""
+    """Run :func:`.compile.compile_task` for each argument tuple of ``tasks`` on the cluster's compile hosts
+    (:class:`CompileHost`: the ones the plan started, else new ones, one per node); yield outcomes as they
+    finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs), handed out in
+    order to whichever host is up and has a free slot. A host that is lost (its node, or its actor killed)
+    has its running compiles handed to the others, up to :data:`COMPILE_RETRIES` times each, then they are
+    ``compile_error``s; with no host left, so are the rest. Stopping early (``close()``, an exception in the
+    consumer) ends every compile still running. The hosts are ended when this ends."""
     ray = connect()
-    lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError,
-            ray.exceptions.OutOfMemoryError)
-    remote = _compile_remote(ray)
+    errors = ray.exceptions
+    hosts: list[_Host] = []
+    while (spare := spares.take(("ray-compile",))) is not None:
+        hosts.append(spare)
+    if not hosts:  # none started by a plan (compile_many called directly)
+        payloads = {id(t[0]): t[0] for t in tasks}.values()
+        hosts = _new_hosts(ray, [cloudpickle_module().loads(p) for p in payloads], n_jobs)
     stored: dict[int, tuple[Any, Any, Any]] = {}  # each kernel (one per batch of a job) stored once
     for task in tasks:
         if id(task[0]) not in stored:
             stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
-    queue = deque(tasks)
-    first, every = compile_slots(ray, n_jobs, len(tasks))
-    # this job's warm-ups still running: a compile queued now would have Ray start a new worker for it
-    warming = set(_WARMING) if _WARMING_JOB == [_session(ray)] else set()
-    warming -= set(ray.wait(list(warming), num_returns=len(warming), timeout=0)[0]) if warming else set()
-    limit = max(0, first - len(warming))  # more warm-ups than tasks (first == every): a slot per warm-up done
-    wait_until = time.monotonic() + WARM_WAIT_S
-    running: dict[Any, tuple[int, float]] = {}  # ref -> (config index, submitted at)
+    queue, tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
+    limit = n_jobs if n_jobs not in (None, -1) else sum(h.slots for h in hosts)
+    running: dict[Any, tuple[_Host, tuple, float]] = {}  # ref -> (its host, its task, handed out at)
+    waiting = {h.up: h for h in hosts if h.up is not True and h.up is not False}  # ready() calls
+    deadline = time.monotonic() + HOST_START_TIMEOUT_S
     try:
         while queue or running:
-            if warming and time.monotonic() > wait_until:
-                logger.debug("the Ray compile workers' warm-ups are not done after %g s: compiling on any worker",
-                             WARM_WAIT_S)
-                limit, warming = max(limit, first), set()
-            while queue and len(running) < (limit if warming else max(1, limit)):
-                task = queue.popleft()
-                running[remote.remote("compile", *stored[id(task[0])], *task[3:])] = (task[3], time.perf_counter())
-            done, _ = ray.wait([*running, *warming], num_returns=1,
-                               timeout=max(0.0, wait_until - time.monotonic()) if warming else None)
+            for host in hosts:
+                while queue and host.up is True and host.busy < host.slots and len(running) < limit:
+                    task = queue.popleft()
+                    running[host.actor.compile.remote(*stored[id(task[0])], *task[3:])] = (host, task,
+                                                                                          time.perf_counter())
+                    host.busy += 1
+            if not running and not waiting:  # every host is gone
+                for task in queue:
+                    yield CompileOutcome(task[3], Status.COMPILE_ERROR, "no Ray compile host is left: every "
+                                         "node the run compiled on was lost", 0.0)
+                return
+            left = deadline - time.monotonic() if not running else None
+            if left is not None and left <= 0:
+                raise RuntimeError(f"no Ray compile host came up within {HOST_START_TIMEOUT_S:g} s (the cluster's "
+                                   "CPUs are held by other work, or its nodes cannot start the actor)")
+            done, _ = ray.wait([*running, *waiting], num_returns=1, timeout=left)
             for ref in done:
-                if ref in warming:  # its worker is free, ready for a compile
-                    warming.discard(ref)
-                    limit = min(every, limit + 1)
+                if ref in waiting:
+                    host = waiting.pop(ref)
+                    try:
+                        info = ray.get(ref)
+                        host.up = True
+                        logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"],
+                                     host.slots)
+                    except errors.RayError as e:
+                        host.up = False
+                        if all(h.up is False for h in hosts):
+                            raise RuntimeError(f"the Ray compile host could not start: {e}") from None
+                        logger.warning("a Ray compile host did not start (%s); compiling on the others",
+                                       _headline(e))
                     continue
-                index, t0 = running.pop(ref)
+                host, task, t0 = running.pop(ref)
+                host.busy -= 1
                 try:
-                    out = ray.get(ref)
-                except lost as e:
-                    out = CompileOutcome(index, Status.COMPILE_ERROR, f"the Ray compile task for this config was "
-                                         f"lost with its worker or node, {COMPILE_RETRIES} retries included "
-                                         f"({_headline(e)})", time.perf_counter() - t0)
-                if out.seconds >= REAL_COMPILE_S and limit < every:
-                    logger.debug("a compile took %.1f s (not a cache hit): opening all %d compile slots",
-                                 out.seconds, every)
-                    limit = every
-                yield out
+                    yield ray.get(ref)
+                except (errors.RayActorError, errors.ObjectLostError) as e:
+                    if host.up is True:
+                        host.up = False
+                        logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to the "
+                                       "others", host.node, _headline(e))
+                    tries[task[3]] += 1
+                    if tries[task[3]] > COMPILE_RETRIES or not any(h.up is not False for h in hosts):
+                        yield CompileOutcome(task[3], Status.COMPILE_ERROR, f"the Ray compile host for this "
+                                             f"config was lost with its node, {COMPILE_RETRIES} retries included "
+                                             f"({_headline(e)})", time.perf_counter() - t0)
+                    else:
+                        queue.appendleft(task)
     finally:
-        for ref in running:
-            ray.cancel(ref, force=True)
+        if running:  # stopped early: end the compiles still running before their hosts
+            with contextlib.suppress(Exception):
+                ends = [h.actor.cancel.remote() for h in {id(h): h for h, _, _ in running.values()}.values()]
+                ray.wait(ends, num_returns=len(ends), timeout=10)
+        for host in hosts:
+            host.close()

@@ -506,16 +506,16 @@ class AutoTuner:
 
     def _start_measuring(self, target: ResolvedTarget, devices: list[Device] | None) -> bool:
         """Start the measuring side the job will take (:mod:`.spares`), so that its imports and its GPU's
-        start overlap the rest of the plan; on Ray, also have the compile workers import TileLang and the
-        kernel. Before the job forks its compile pool, as every measuring process must be. Whether one was
-        started (none when measuring in this process, ``isolate=False``, or when planning outside the main
-        thread)."""
+        start overlap the rest of the plan; on Ray, also start the compile hosts, whose fork servers import
+        TileLang and the kernel. Before the job forks its compile pool, as every measuring process must be.
+        Whether one was started (none when measuring in this process, ``isolate=False``, or when planning
+        outside the main thread)."""
         rs = self.run_settings
         if rs.backend == "ray":
-            from .ray_cluster import prestart_actors, warm_compile_workers
+            from .ray_cluster import prestart_actors, prestart_compile_hosts
 
             prestart_actors(len(devices or []), target.device)
-            warm_compile_workers(self.fn, rs.n_jobs)
+            prestart_compile_hosts(self.fn, rs.n_jobs)
             return True
         if rs.isolate and threading.current_thread() is threading.main_thread():
             # a process dies with the thread that spawned it (PR_SET_PDEATHSIG): a plan made in a thread

@@ -181,12 +181,10 @@ def test_a_process_that_has_run_ray_tunes_without_forking(monkeypatch, caplog, n
     torch.testing.assert_close(result.kernel(torch.ones(256, 256), torch.ones(256, 256)), torch.full((256, 256), 2.0))
 
 
-def test_fork_free_runs_here_where_this_process_may_fork_else_in_one_reused_loky_worker(monkeypatch):
-    assert compile_mod.fork_free(os.getpid) == os.getpid()
-    monkeypatch.setattr(forking, "_RAY_SEEN", True)
-    there = compile_mod.fork_free(os.getpid)
-    assert there != os.getpid() and compile_mod.fork_free(os.getpid) == there  # one worker, kept
-    assert compile_mod.fork_free(os.getppid) == os.getpid()
+def test_a_process_that_may_not_fork_runs_a_compile_in_its_one_reused_loky_worker():
+    there = compile_mod.in_loky_worker(os.getpid)
+    assert there != os.getpid() and compile_mod.in_loky_worker(os.getpid) == there  # one worker, kept
+    assert compile_mod.in_loky_worker(os.getppid) == os.getpid()
 
 
 def test_the_gpus_are_asked_of_torch_not_a_forked_child_once_ray_has_run(monkeypatch):

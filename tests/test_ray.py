@@ -144,9 +144,25 @@ def test_the_timeline_has_each_actors_start_and_candidates(ray_run):
 
 
 @needs_ray
-def test_the_plan_readied_a_compile_worker_per_cpu(ray_run, local_ray):
-    assert len(ray_cluster._WARMING) == 2  # the module's Ray has 2 CPUs
-    assert all(s >= 0 for s in local_ray.get(ray_cluster._WARMING, timeout=60))  # each imported TileLang
+def test_the_plan_started_the_compile_host_the_run_took_and_ended(local_ray, tmp_path, monkeypatch):
+    """The plan starts one compile host per node (here one, with both CPUs as slots) while it plans; the run
+    compiles on it rather than start another, and ends it with the run."""
+    made: list = []
+    real = ray_cluster._new_hosts
+
+    def spy(ray, kernels, n_jobs):
+        made.append(real(ray, kernels, n_jobs))
+        return made[-1]
+
+    monkeypatch.setattr(ray_cluster, "_new_hosts", spy)
+    result = tuner(backend="ray", db_path=str(tmp_path / "db.sqlite"), run_timeout=60).run(1, 3)
+    assert result.config == WINNER
+    assert len(made) == 1 and [h.slots for h in made[0]] == [2], made
+    from autotuner import spares
+
+    assert spares.count(("ray-compile",)) == 0
+    with pytest.raises(local_ray.exceptions.RayActorError):  # ended with the run
+        local_ray.get(made[0][0].actor.ready.remote(), timeout=60)
 
 
 @needs_ray
@@ -174,44 +190,116 @@ def test_a_ray_driver_forks_nothing_while_connected_or_after_shutdown(ray_run, t
 
 
 @needs_ray
-def test_a_ray_worker_compiles_without_forking_a_python_child(local_ray, monkeypatch):
-    """A Ray worker has Ray's threads, so the compile child is forked from its loky worker, not from it: a
-    compile task runs with ``os.fork`` made to raise in the Ray worker, and the warm-up ran in that other
-    process too."""
+def test_a_ray_worker_compiles_without_forking_a_python_child(local_ray):
+    """A Ray worker has Ray's threads, so a compile host forks nothing itself: its compiles are children of
+    its fork server (a fresh interpreter). Here a host in a Ray task compiles with ``os.fork`` made to raise
+    in that Ray worker."""
     from kernels.c_kernels import add
 
-    from autotuner.compile import CompileBatch, compile_many
+    from autotuner.compile import cloudpickle_module, kernel_globals, kernel_sources
     from autotuner.target import resolve_target
 
-    tasks: list[tuple] = []
-    real = ray_cluster.compile_on_ray
-
-    def spy(t, n_jobs):
-        tasks.extend(t)
-        return real(t, n_jobs)
-
-    monkeypatch.setattr(ray_cluster, "compile_on_ray", spy)
-    batch = CompileBatch(add, [dict(block_M=16, block_N=16)], [0], resolve_target("c").spec, 120.0)
-    assert [o.status for o in compile_many([batch], n_jobs=1, backend="ray")] == ["ok"]
+    task = (cloudpickle_module().dumps(add), kernel_globals(add), kernel_sources(add), 0, dict(block_M=16, block_N=16),
+            resolve_target("c").spec, None, 120.0, os.getpid(), None)
 
     def in_a_ray_worker(task):  # nested, so that Ray pickles it by value
         import os
 
         from autotuner import forking
-        from autotuner.ray_cluster import _ray_compile
+        from autotuner.ray_cluster import CompileHost
 
         def refuse():
             raise AssertionError("forked in a Ray worker")
 
         fork, os.fork = os.fork, refuse
         try:
-            return forking.fork_safe(), _ray_compile("warm", task[0], task[2], task[8]), _ray_compile("compile", *task)
+            host = CompileHost(["kernels.c_kernels"])
+            return forking.fork_safe(), host.ready()["up_s"], host.compile(*task)
         finally:
             os.fork = fork
 
     remote = local_ray.remote(in_a_ray_worker).options(num_cpus=1, **ray_cluster.run_options(local_ray))
-    safe, warm_s, outcome = local_ray.get(remote.remote(tasks[0]), timeout=300)
-    assert safe is False and warm_s >= 0 and outcome.status == "ok", outcome
+    safe, up_s, outcome = local_ray.get(remote.remote(task), timeout=300)
+    assert safe is False and up_s >= 0 and outcome.status == "ok", outcome
+
+
+def _compile_on_ray(kernel, configs, n_jobs=2, timeout=120.0):
+    from autotuner.compile import CompileBatch, compile_many
+    from autotuner.target import resolve_target
+
+    batch = CompileBatch(kernel, configs, range(len(configs)), resolve_target("c").spec, timeout)
+    return compile_many([batch], n_jobs=n_jobs, backend="ray")
+
+
+@needs_ray
+def test_a_compile_process_killed_from_outside_costs_its_config_only(local_ray):
+    from kernels.c_kernels import add_killing_worker
+
+    configs = [dict(block_M=16), dict(block_M=32, kill_worker=True), dict(block_M=64), dict(block_M=128)]
+    outcomes = {o.index: o for o in _compile_on_ray(add_killing_worker, configs)}
+    assert sorted(outcomes) == [0, 1, 2, 3]
+    assert [outcomes[i].status for i in (0, 2, 3)] == ["ok"] * 3, outcomes
+    assert outcomes[1].status == "compile_error" and "killed from outside" in outcomes[1].error, outcomes[1]
+
+
+@needs_ray
+def test_a_lost_compile_host_hands_its_compiles_to_another(local_ray, tmp_path, monkeypatch, caplog):
+    """Two hosts of one slot each (as on two nodes); the one compiling the first config is killed (its node
+    lost): that config is compiled again on the other, and every config comes back right."""
+    from kernels.c_kernels import add, add_hanging
+
+    from autotuner import spares
+
+    node = local_ray.nodes()[0]["NodeID"]
+    monkeypatch.setattr(ray_cluster, "host_slots", lambda ray, n_jobs: {node: 1})
+    hosts = [h for _ in range(2) for h in ray_cluster._new_hosts(local_ray, [add], 1)]
+    for h in hosts:
+        spares.keep(("ray-compile",), h)
+    pids = {local_ray.get(h.actor.ready.remote(), timeout=120)["pid"]: h for h in hosts}
+    pidfile = tmp_path / "pid"
+    killed: list = []
+
+    def kill_the_host_of_the_hanging_compile():
+        deadline = time.monotonic() + 120
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # the pid written
+        pid = int(pidfile.read_text())
+        while pid > 1 and pid not in pids:  # up from the compiler process to the host's actor
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        killed.append(pids.get(pid))
+        local_ray.kill(pids[pid].actor, no_restart=True)
+
+    import threading
+
+    killer = threading.Thread(target=kill_the_host_of_the_hanging_compile, daemon=True)
+    killer.start()
+    configs = [dict(block_M=16, pidfile=str(pidfile)), dict(block_M=32), dict(block_M=64)]
+    with caplog.at_level(logging.WARNING, logger="autotuner.ray_cluster"):
+        outcomes = {o.index: o for o in _compile_on_ray(add_hanging, configs, n_jobs=2)}
+    killer.join(5)
+    assert killed and killed[0] is not None, killed
+    assert sorted(outcomes) == [0, 1, 2] and all(o.status == "ok" for o in outcomes.values()), outcomes
+    assert any("was lost" in r.getMessage() for r in caplog.records), caplog.records
+
+
+@needs_ray
+def test_stopping_early_ends_the_compiles_still_running(local_ray, tmp_path):
+    from kernels.c_kernels import add_hanging
+
+    pidfile = tmp_path / "pid"
+    outcomes = _compile_on_ray(add_hanging, [dict(block_M=16), dict(block_M=32, pidfile=str(pidfile))])
+    assert next(outcomes).status == "ok"
+    deadline = time.monotonic() + 120
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(pidfile.read_text())
+    outcomes.close()
+    deadline = time.monotonic() + 20
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
 @needs_ray
@@ -317,15 +405,8 @@ def test_ray_measures_in_actors_so_isolate_false_is_refused():
 
 
 @needs_ray
-@pytest.mark.parametrize("real_s, most", [(1e9, 1), (0.0, 2)])
-def test_ray_compiles_open_every_slot_only_once_one_is_a_real_compile(local_ray, monkeypatch, real_s, most):
-    """At first a run keeps only the warmed slots busy (here one); a compile as slow as ``REAL_COMPILE_S``
-    (not a cache hit) opens all of ``n_jobs``. The compile tasks in flight are counted at each wait (the
-    module's run warmed its workers long before)."""
+def test_no_more_compiles_run_at_once_than_n_jobs(local_ray, monkeypatch):
     from kernels.c_kernels import add
-
-    from autotuner.compile import CompileBatch, compile_many
-    from autotuner.target import resolve_target
 
     in_flight: list[int] = []
 
@@ -334,33 +415,30 @@ def test_ray_compiles_open_every_slot_only_once_one_is_a_real_compile(local_ray,
             return getattr(local_ray, name)
 
         def wait(self, refs, **kwargs):
-            in_flight.append(len(set(refs) - set(ray_cluster._WARMING)))  # compile tasks only
+            in_flight.append(len(refs))
             return local_ray.wait(refs, **kwargs)
 
     monkeypatch.setattr(ray_cluster, "connect", Spy)
-    monkeypatch.setattr(ray_cluster, "MIN_FIRST_SLOTS", 1)
-    monkeypatch.setattr(ray_cluster, "REAL_COMPILE_S", real_s)
-    assert ray_cluster.compile_slots(Spy(), None, 4) == (1, 2)  # 2 CPUs, no GPU
     configs = [dict(block_M=m, block_N=n) for m in (16, 32) for n in (16, 64)]
-    batch = CompileBatch(add, configs, range(4), resolve_target("c").spec, 120.0)
-    outcomes = list(compile_many([batch], n_jobs=2, backend="ray"))
+    outcomes = list(_compile_on_ray(add, configs, n_jobs=1))
     assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
-    assert max(in_flight) == most, in_flight
+    assert max(in_flight) == 1, in_flight  # the host's ready() call, then one compile at a time
 
 
-@pytest.mark.parametrize("cpus, gpus, n_jobs, n_tasks, want", [
-    (32, 2, None, 288, (8, 32)),     # an nvidia-h200-x2 host: 8 warmed, all 32 once a compile is real
-    (128, 8, -1, 288, (32, 128)),    # four per GPU
-    (32, 2, 4, 288, (4, 4)),         # n_jobs bounds both
-    (32, 2, None, 3, (3, 3)),        # no more than there are tasks
+@pytest.mark.parametrize("cpus, n_jobs, want", [
+    ([32], None, [32]),              # an nvidia-h200-x2 host: every CPU
+    ([32, 16], -1, [32, 16]),
+    ([32, 16], 12, [8, 4]),          # n_jobs shared in proportion
+    ([32, 16, 16], 2, [1, 1]),       # at least one on each node used, biggest first
+    ([32, 0], 100, [32]),            # a node without CPUs gets none
 ])
-def test_the_compile_slots_a_ray_run_opens(cpus, gpus, n_jobs, n_tasks, want):
+def test_compile_slots_per_node(cpus, n_jobs, want):
     class Cluster:
         @staticmethod
-        def cluster_resources():
-            return {"CPU": float(cpus), "GPU": float(gpus)}
+        def nodes():
+            return [{"NodeID": f"n{i}", "Alive": True, "Resources": {"CPU": float(c)}} for i, c in enumerate(cpus)]
 
-    assert ray_cluster.compile_slots(Cluster(), n_jobs, n_tasks) == want
+    assert list(ray_cluster.host_slots(Cluster(), n_jobs).values()) == want
 
 
 @needs_ray
@@ -408,25 +486,23 @@ def test_the_runtime_env_is_asked_about_again_once_the_import_path_changes(local
 @needs_ray
 def test_what_an_earlier_ray_session_left_is_never_used(local_ray):
     """After ``ray.shutdown()`` and a new ``ray.init`` (a new local instance, whose first job has the same
-    id as the last one's: 01000000), the earlier session's warm-up tasks (``ray.wait`` raises on them) and
-    spare actors are left behind: the compiles run, and the spare is closed without a call to Ray."""
+    id as the last one's: 01000000), the earlier session's spare compile hosts and actors are left behind,
+    closed without a call to Ray, and the compiles run on new hosts."""
     from kernels.c_kernels import add
 
     from autotuner import spares
-    from autotuner.compile import CompileBatch, compile_many
-    from autotuner.target import resolve_target
 
-    ray_cluster.warm_compile_workers(add, 2)
+    ray_cluster.prestart_compile_hosts(add, 2)
     old = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job=ray_cluster._session(local_ray))
-    assert old.alive() and ray_cluster._WARMING
+    assert old.alive() and spares.count(("ray-compile",)) == 1
     local_ray.shutdown()
     local_ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     assert not old.alive()
     spares.keep(("ray", "test-kind"), old)
     assert spares.take(("ray", "test-kind")) is None  # closed as stale: old.close() did not touch Ray
+    assert spares.count(("ray-compile",)) == 0
     configs = [dict(block_M=m, block_N=n) for m in (16, 32) for n in (16, 64)]
-    batch = CompileBatch(add, configs, range(4), resolve_target("c").spec, 120.0)
-    outcomes = list(compile_many([batch], n_jobs=2, backend="ray"))
+    outcomes = list(_compile_on_ray(add, configs))
     assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
 
 

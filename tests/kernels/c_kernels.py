@@ -128,3 +128,16 @@ def staged_decorated():
 
     return autotune(configs=[dict(block_M=32), dict(block_M=64)], warmup=1, rep=2, ref_prog=ref_add)(
         tilelang.jit(out_idx=[-1], target="c")(_staged_dec_factory))
+
+
+def add_hanging(block_M: int = 32, block_N: int = 32, thread_num: int = 1, pidfile: str = ""):
+    """Like add; with ``pidfile`` set and no such file yet, the compiler process writes its pid there and never
+    returns: a compile that a stopped run must end, or whose host is lost (compiled again, it returns)."""
+    import os
+
+    if pidfile and not os.path.exists(pidfile):
+        with open(pidfile, "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+    return add(block_M, block_N, thread_num)
