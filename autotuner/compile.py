@@ -3,7 +3,8 @@
 Layout of the work:
 
 * One task per config runs on worker processes: by default a pool forked from the parent (all
-  cores), else joblib's ``loky`` or ``dask`` backends, or Ray tasks (``"ray"``, :mod:`.ray_cluster`). A job
+  cores), else joblib's ``loky`` or ``dask`` backends, or a Ray cluster's compile hosts (``"ray"``,
+  :mod:`.ray_cluster`, which run this same task in a child of a fork server per node). A job
   of many kernels (many keys of a model, :mod:`.job`) goes through one pool, kernel after kernel
   (:func:`compile_many`).
 * Inside a task, the compile runs in a forked child that leads its own session (a Ctrl-C meant
@@ -44,7 +45,7 @@ from typing import Any
 from . import forking, procs
 from .cache import prim_hash
 from .config import merge_pass_configs, split_config
-from .settings import resolve_out_idx
+from .settings import check_setting, resolve_out_idx
 from .trial import Status, error_headline, format_error
 
 __all__ = ["CompileBatch", "CompileOutcome", "build", "cloudpickle_module", "compile_all", "compile_in_loky",
@@ -432,7 +433,7 @@ def _compiler(payload: bytes, glb: bytes | None, config: dict[str, Any], target_
 def compile_task(payload: bytes, glb: bytes | None, sources: dict[str, list[str]], index: int,
                   config: dict[str, Any], target_spec: Any, pass_configs: dict[str, Any] | None,
                   timeout: float, parent_pid: int, scratch: str | None = None) -> CompileOutcome:
-    """One task on a worker (or, with one job, in the parent; or a Ray task): compile ``config`` in a
+    """One task on a worker (or, with one job, in the parent; or on a Ray compile host): compile ``config`` in a
     killable child."""
     return _compile_one(payload, glb, sources, index, config, target_spec, pass_configs, timeout, parent_pid,
                         scratch)
@@ -577,14 +578,15 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
     yield outcomes as they finish (any order), each naming its ``batch`` and its ``index`` in that batch.
 
     One pool for a whole job, so that it never drains and refills between kernels. ``backend`` is
-    ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (Ray tasks on the cluster
-    :func:`.ray_cluster.connect` finds), or a joblib backend name (``"loky"``, ``"dask"``...); ``None``
-    means :func:`default_backend`. Closing the iterator early (or an exception or Ctrl-C while it waits)
-    stops every compile and worker; use ``contextlib.closing`` to make that immediate rather than left to
-    garbage collection. Temporary files go to per-compile directories inside the active
-    :func:`.procs.run_scratch`. ``on_ready()`` is called once the workers exist (a forked pool: made;
+    ``"multiprocessing"`` (a pool forked from this process), ``"ray"`` (the compile hosts of the cluster
+    :func:`.ray_cluster.connect` finds, :func:`.ray_cluster.compile_on_ray`), or a joblib backend name
+    (``"loky"``, ``"dask"``...); ``None`` means :func:`default_backend`. Closing the iterator early (or an
+    exception or Ctrl-C while it waits) stops every compile and worker; use ``contextlib.closing`` to make
+    that immediate rather than left to garbage collection. Temporary files go to per-compile directories
+    inside the active :func:`.procs.run_scratch`. ``on_ready()`` is called once the workers exist (a forked pool: made;
     other backends: when their first task is handed out), for a job's timeline.
     """
+    n_jobs = check_setting("n_jobs", n_jobs)  # 0 or -2 would be taken as "none" or "all" by one backend or another
     me = os.getpid()
     scratch = procs.current_scratch()
     tasks, where = [], []  # a task's index is its position in the job; ``where`` maps it back
@@ -608,7 +610,7 @@ def compile_many(batches: Sequence[CompileBatch], *, n_jobs: int | None, backend
     if backend == "ray":  # as many at once as n_jobs, or as the cluster has CPUs
         from .ray_cluster import compile_on_ray
 
-        outcomes = compile_on_ray(tasks, n_jobs)
+        outcomes = compile_on_ray(tasks, n_jobs, [b.kernel for b in batches if b.indices])
     elif backend == "multiprocessing":
         # one worker: compile from this process (each compile still in a killable child)
         outcomes = _forked_pool(n, tasks, ready) if n > 1 else (compile_task(*t) for t in tasks)

@@ -94,18 +94,18 @@ def tune_all(plans: Iterable[Plan | AutoTuner], *, progress: bool | None = None,
     check_setting("progress", progress if progress is not None else True)
     if not isinstance(load_kernels, bool):
         raise TypeError(f"load_kernels must be True or False, got {load_kernels!r}")
-    plans = [p.plan() if isinstance(p, AutoTuner) else p for p in plans]
-    for p in plans:
-        if not isinstance(p, Plan):
-            raise TypeError(f"tune_all takes AutoTuner.plan(...) results or AutoTuners, got {p!r}")
     first: dict[str, int] = {}  # a problem asked for twice (same database key) is tuned once
-    groups: dict[tuple, list[int]] = {}
-    for i, p in enumerate(plans):
-        if first.setdefault(p.key, i) == i:
-            shared = tuple(getattr(p.run_settings, name) for name in _SHARED) + (p.target.kind,)
-            groups.setdefault(shared, []).append(i)
-    out: list[Any] = [None] * len(plans)
-    try:
+    try:  # from the first plan on: a plan starts measuring sides and compile hosts (:mod:`.spares`)
+        plans = [p.plan() if isinstance(p, AutoTuner) else p for p in plans]
+        for p in plans:
+            if not isinstance(p, Plan):
+                raise TypeError(f"tune_all takes AutoTuner.plan(...) results or AutoTuners, got {p!r}")
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(plans):
+            if first.setdefault(p.key, i) == i:
+                shared = tuple(getattr(p.run_settings, name) for name in _SHARED) + (p.target.kind,)
+                groups.setdefault(shared, []).append(i)
+        out: list[Any] = [None] * len(plans)
         for slots in groups.values():
             on = progress if progress is not None else any(plans[i].run_settings.progress for i in slots)
             for i, r in zip(slots, _Job([plans[i] for i in slots], on, load_kernels).run()):

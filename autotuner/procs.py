@@ -152,9 +152,13 @@ def _die_on_signal(signum: int, frame: Any) -> None:
     os._exit(128 + signum)
 
 
-def watch_parent(parent_pid: int, sig: int = signal.SIGTERM, interval: float = 0.25) -> threading.Thread:
+def watch_parent(parent_pid: int | None, sig: int = signal.SIGTERM, interval: float = 0.25,
+                 sentinel: int | None = None) -> threading.Thread:
     """Send ``sig`` to this process once the parent *process* ``parent_pid`` is gone (a daemon thread
-    polls ``os.getppid()``, which changes when the process is re-parented).
+    polls ``os.getppid()``, which changes when the process is re-parented), or, given a ``sentinel``
+    instead (:attr:`multiprocessing.process.BaseProcess.sentinel` of the parent, as
+    ``multiprocessing.parent_process()`` has it), once that becomes ready: a fork server's child has the
+    fork server as its OS parent, but the process that asked for it as its multiprocessing parent.
 
     For pool workers, instead of :func:`die_with_parent`: ``PR_SET_PDEATHSIG`` fires when the
     *thread* that forked the process ends, and a pool re-forks workers from a helper thread that
@@ -168,8 +172,13 @@ def watch_parent(parent_pid: int, sig: int = signal.SIGTERM, interval: float = 0
     """
     def watch() -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-        while os.getppid() == parent_pid:
-            time.sleep(interval)
+        if sentinel is not None:
+            from multiprocessing.connection import wait
+
+            wait([sentinel])
+        else:
+            while os.getppid() == parent_pid:
+                time.sleep(interval)
         os.kill(os.getpid(), sig)
 
     thread = threading.Thread(target=watch, name="tilecarve-parent-watch", daemon=True)
@@ -187,17 +196,18 @@ def report_crashes(file: Any) -> None:
     faulthandler.enable(file)
 
 
-def worker_init(parent_pid: int) -> None:
+def worker_init(parent_pid: int | None, sentinel: int | None = None) -> None:
     """Initializer of a compile worker process (forked pool or loky).
 
     * SIGINT is ignored: Ctrl-C reaches the whole foreground process group, and the parent decides
       (it terminates the pool); a worker dying on its own would orphan its compile child.
     * SIGTERM kills the worker's compile children first (:func:`kill_tracked`).
-    * The worker gets SIGTERM when the parent process dies, even of SIGKILL (:func:`watch_parent`).
+    * The worker gets SIGTERM when the parent process dies, even of SIGKILL (:func:`watch_parent`: the
+      process ``parent_pid``, or the one whose ``sentinel`` this is).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _die_on_signal)
-    watch_parent(parent_pid)
+    watch_parent(parent_pid, sentinel=sentinel)
 
 
 def python_child_argv(code: str) -> list[str]:

@@ -44,7 +44,7 @@ from typing import Any
 
 from . import procs, spares
 from .bench import Benches, BenchSpec, ServedBench, load_specs, serve_one, spec_payload, start_device
-from .compile import CompileOutcome, cloudpickle_module, compile_task
+from .compile import CompileOutcome, compile_task
 from .devices import Device, DeviceLost, device_name
 from .trial import Status, format_error
 
@@ -66,6 +66,16 @@ DEAD_CALLS = 5
 COMPILE_RETRIES = 2
 #: Seconds a compile host may take to come up (its fork server importing TileLang and the kernels' modules).
 HOST_START_TIMEOUT_S = 600.0
+#: Seconds into a run with no compile host up yet after which the run says, once, what it is waiting for.
+HOST_PENDING_LOG_S = 30.0
+#: How often, per node, a compile host lost while its node is still alive (its actor killed) is started again.
+HOST_RESTARTS = 2
+#: Seconds a compile host gets to end its compiles and remove its scratch directory before it is killed.
+HOST_SHUTDOWN_S = 5.0
+#: Seconds a compile host or measuring actor started ahead of its job (:mod:`.spares`) waits for the job to
+#: take it before it ends itself: the plan was never tuned, or its run stopped during the plan. A job takes
+#: none older than :data:`.spares.MAX_AGE_S`.
+UNCLAIMED_EXIT_S = spares.MAX_AGE_S + 120.0
 
 
 def connect() -> Any:
@@ -204,18 +214,20 @@ class MeasuringActor:
     that device at once (:func:`.bench.start_device`); the job's specs come with each call, as a reference
     to Ray's object store that is read once (and again after Ray restarts the actor)."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, unclaimed_exit_s: float = UNCLAIMED_EXIT_S) -> None:
         # TileLang's .cpp/.so pairs of a candidate compiled here (a node other than its compile host's)
         # go to a scratch directory of this actor's; the next run on this node sweeps it once the actor is gone
         up = time.time()
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
         self.device = device
+        self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
         self._stamps = [(up, "process up"), *start_device(device)]  # a job's timeline
         self.benches: Benches | None = None
 
     def _benches(self, payload: list) -> Benches:
         """The job's :class:`.bench.Benches`, made from ``payload[0]`` (an object reference) at the first call."""
+        self._claimed.set()
         if self.benches is None:
             import ray
 
@@ -227,6 +239,7 @@ class MeasuringActor:
         """Where this actor runs: its device's model, its node and Ray's GPU ids for it."""
         import ray
 
+        self._claimed.set()
         return {"name": device_name(self.device, 0), "node": ray.util.get_node_ip_address(),
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
@@ -239,8 +252,9 @@ class MeasuringActor:
 
 
 @dataclass
-class _SpareActor:
-    """A measuring actor created during the plan (:func:`prestart_actors`), waiting for its job."""
+class _Spare:
+    """An actor created during the plan (:func:`prestart_actors`, :func:`prestart_compile_hosts`), waiting
+    for its job (:mod:`.spares`)."""
 
     actor: Any
     spawned: float
@@ -248,8 +262,8 @@ class _SpareActor:
 
     def alive(self) -> bool:
         """Whether a job may take it: it belongs to this process's current Ray connection (an actor of an
-        earlier ``ray.init`` went with its ``ray.shutdown``). One that died is restarted by Ray; the job's
-        first call finds out."""
+        earlier ``ray.init`` went with its ``ray.shutdown``). One that died is restarted by Ray (a measuring
+        actor) or found out by the job (a compile host)."""
         import ray
 
         return ray.is_initialized() and _session(ray) == self.job
@@ -257,15 +271,39 @@ class _SpareActor:
     def close(self) -> None:
         import ray
 
-        if self.alive():
+        if ray.is_initialized() and _session(ray) == self.job:
             ray.kill(self.actor, no_restart=True)
+
+
+def _end_unless_claimed(cleanup: Any, what: str, after: float, start: threading.Thread | None = None
+                        ) -> threading.Event:
+    """An event that the actor this runs in sets when its job first calls it; unset ``after`` seconds
+    (:data:`UNCLAIMED_EXIT_S`) after the actor is up (once the thread ``start``, already started, ended), the
+    actor runs ``cleanup`` and ends itself for good (Ray does not restart it), so that one started for a plan
+    that never reaches its job frees its CPUs or GPU (the driver, a notebook, may live on for hours)."""
+    claimed = threading.Event()
+
+    def watch() -> None:
+        if start is not None:
+            start.join()
+        if claimed.wait(after):
+            return
+        import ray
+
+        logger.warning("this %s was started for a job that did not take it within %g s; it ends", what, after)
+        with contextlib.suppress(Exception):
+            cleanup()
+        ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+    threading.Thread(target=watch, name="tilecarve-unclaimed", daemon=True).start()
+    return claimed
 
 
 def _new_actor(ray: Any, device: str) -> Any:
     """A measuring actor for ``device`` (``"cuda"``: one GPU; ``"cpu"``: a fake device reserving nothing)."""
     gpu = {"num_gpus": 1} if device == "cuda" else {}
     return ray.remote(MeasuringActor).options(num_cpus=0, **gpu, max_restarts=-1, max_task_retries=0,
-                                              **run_options(ray), name=None).remote(device)
+                                              **run_options(ray), name=None).remote(device, UNCLAIMED_EXIT_S)
 
 
 def prestart_actors(n: int, device: str) -> None:
@@ -274,7 +312,7 @@ def prestart_actors(n: int, device: str) -> None:
     ray = connect()
     job = _session(ray)
     for _ in range(n - spares.count(("ray", device))):
-        spares.keep(("ray", device), _SpareActor(_new_actor(ray, device), time.time(), job))
+        spares.keep(("ray", device), _Spare(_new_actor(ray, device), time.time(), job))
 
 
 class CompileHost:
@@ -289,41 +327,61 @@ class CompileHost:
     config on Ray's workers imported TileLang in each worker (seen 2026-11-28: the first compile of a cold
     288-config grid came 5 s later than on the direct path, and every slot 13 s later).
 
-    A compile child that dies (killed from outside) costs its config only; :meth:`cancel` ends every
-    compile running here. The host is a threaded actor: one call per compile, at most its slots at once,
-    plus room for :meth:`cancel`. Killed (its node lost, or the run over), its fork server exits, and the
-    compile children it forked stop theirs and end (:func:`.procs.worker_init`)."""
+    A compile child that dies (killed from outside) costs its config only; :meth:`shutdown` ends every
+    compile running here and removes the host's scratch directory. The host is a threaded actor: one call
+    per compile, at most its slots at once, plus room for :meth:`shutdown`. Killed (its node lost, or the
+    run over), the compile children it asked for stop theirs and end (:func:`_hosted_compile`). Started
+    for a job that does not take it (:meth:`claim`), it ends itself (:func:`_end_unless_claimed`)."""
 
-    def __init__(self, preload: list[str]) -> None:
+    def __init__(self, preload: list[str], unclaimed_exit_s: float = UNCLAIMED_EXIT_S) -> None:
         import multiprocessing
 
-        self._scratch = contextlib.ExitStack()  # TileLang's temporaries; swept by the next run once gone
+        self._scratch = contextlib.ExitStack()  # TileLang's temporaries and the fork server's socket
         self._scratch.enter_context(procs.run_scratch())
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # compiling never touches a GPU, and a fork server must not
         _no_main_in_children()
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["autotuner.ray_cluster", "tilelang", *preload])
+        self._preload = ["autotuner.ray_cluster", "tilelang", *preload]
+        self._ctx.set_forkserver_preload(self._preload)
         self._running: dict[int, Any] = {}
         self._lock = threading.Lock()
         self._t0 = time.time()
+        self._failed: str | None = None
         self._starting = threading.Thread(target=self._start, name="tilecarve-forkserver-start", daemon=True)
         self._starting.start()  # at once, not at the first call
+        self._claimed = _end_unless_claimed(self.shutdown, "compile host", unclaimed_exit_s, self._starting)
 
     def _start(self) -> None:
         """Start the fork server (it imports what it preloads) by forking one child from it."""
-        p = self._ctx.Process(target=_noop, daemon=True)
-        p.start()
-        p.join()
+        try:
+            p = self._ctx.Process(target=_noop, daemon=True)
+            p.start()
+            p.join()
+            if p.exitcode != 0:
+                self._failed = (f"its fork server's first child exited with code {p.exitcode} (could it import "
+                                f"{', '.join(self._preload)}?)")
+        except Exception as e:  # noqa: BLE001 - told by ready(), to the driver
+            self._failed = format_error(e)
 
     def ready(self) -> dict[str, Any]:
-        """Once the fork server is up: where this host runs (node, pid) and how long its start took."""
+        """Once the fork server is up: where this host runs (node, pid) and how long its start took. Raises
+        if the fork server could not start."""
         import ray
 
         self._starting.join()
-        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "up_s": time.time() - self._t0}
+        if self._failed is not None:
+            raise RuntimeError(f"the compile host on {ray.util.get_node_ip_address()} could not start its fork "
+                               f"server: {self._failed}")
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "up_s": time.time() - self._t0,
+                "scratch": procs.current_scratch()}
+
+    def claim(self) -> None:
+        """A job took this host: it no longer ends itself when no compile comes."""
+        self._claimed.set()
 
     def compile(self, *task: Any) -> CompileOutcome:
         """:func:`.compile.compile_task` of ``task`` in a child of the fork server."""
+        self._claimed.set()
         t0 = time.perf_counter()
         recv, send = self._ctx.Pipe(duplex=False)
         child = self._ctx.Process(target=_hosted_compile, args=(send, *task), daemon=True)
@@ -331,27 +389,32 @@ class CompileHost:
         send.close()
         with self._lock:
             self._running[child.pid] = child
+        out = None
         try:
-            try:
-                return recv.recv()
-            except EOFError:
-                child.join()
-                return CompileOutcome(task[3], Status.COMPILE_ERROR, f"the compile process (pid {child.pid}) died "
-                                      f"with exit code {child.exitcode} while compiling this config: killed from "
-                                      "outside, e.g. by the OOM killer", time.perf_counter() - t0)
+            out = recv.recv()
+        except EOFError:
+            pass
         finally:
             recv.close()
             child.join()
             with self._lock:
                 self._running.pop(child.pid, None)
+        return out if out is not None else CompileOutcome(
+            task[3], Status.COMPILE_ERROR, f"the compile process (pid {child.pid}) died with exit code "
+            f"{child.exitcode} while compiling this config: killed from outside, e.g. by the OOM killer",
+            time.perf_counter() - t0)
 
-    def cancel(self) -> int:
-        """End every compile running here (their compile children first); how many there were."""
+    def shutdown(self) -> int:
+        """End every compile running here (their compile children first) and remove this host's scratch
+        directory; how many compiles there were. The driver calls it before it kills the host."""
         with self._lock:
             running = list(self._running.values())
         for child in running:
             with contextlib.suppress(Exception):
                 child.terminate()
+        for child in running:
+            child.join(HOST_SHUTDOWN_S)
+        self._scratch.close()
         return len(running)
 
 
@@ -382,9 +445,12 @@ def _no_main_in_children() -> None:
 
 
 def _hosted_compile(send: Any, *task: Any) -> None:
-    """A :class:`CompileHost`'s compile child: SIGTERM, or the end of the fork server (the host gone), kills
-    its compile child's group and ends it (:func:`.procs.worker_init`)."""
-    procs.worker_init(os.getppid())
+    """A :class:`CompileHost`'s compile child: SIGTERM, or the end of the host that asked for it (its
+    multiprocessing parent, whose sentinel it watches; its OS parent is the fork server), kills its compile
+    child's group and ends it (:func:`.procs.worker_init`)."""
+    import multiprocessing
+
+    procs.worker_init(None, sentinel=multiprocessing.parent_process().sentinel)
     try:
         out = compile_task(*task)
     except BaseException as e:  # noqa: BLE001 - a fault here is this config's, reported rather than lost
@@ -394,27 +460,16 @@ def _hosted_compile(send: Any, *task: Any) -> None:
 
 
 @dataclass
-class _Host:
-    """A :class:`CompileHost` actor as the driver sees it: its slots, and whether it is up yet."""
+class _Host(_Spare):
+    """A :class:`CompileHost` actor as the driver sees it: its node, its slots, and whether it is up yet."""
 
-    actor: Any
-    node: str
-    slots: int
-    spawned: float
-    job: str  # the Ray session (:func:`_session`) it was created in
+    node: str = ""
+    slots: int = 1
     up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
     busy: int = 0
 
-    def alive(self) -> bool:  # for :mod:`.spares`: taken only in the Ray session it was made in
-        import ray
-
-        return ray.is_initialized() and _session(ray) == self.job and self.up is not False
-
-    def close(self) -> None:
-        import ray
-
-        if ray.is_initialized() and _session(ray) == self.job:
-            ray.kill(self.actor, no_restart=True)
+    def alive(self) -> bool:
+        return super().alive() and self.up is not False
 
 
 def host_slots(ray: Any, n_jobs: int | None) -> dict[str, int]:
@@ -434,6 +489,18 @@ def host_slots(ray: Any, n_jobs: int | None) -> dict[str, int]:
     return {k: v for k, v in share.items() if v > 0}
 
 
+def free_cpus(ray: Any) -> dict[str, float]:
+    """CPUs no Ray task or actor holds now, per alive node; ``{}`` where Ray does not tell (it is asked
+    through ``ray._private.state``, Ray's own per-node view, which has no public form)."""
+    try:
+        from ray._private import state
+
+        return {node: float(have.get("CPU", 0.0)) for node, have in state.available_resources_per_node().items()}
+    except Exception as e:  # noqa: BLE001 - a Ray without it: hosts reserve their slots
+        logger.debug("Ray's free CPUs per node are unknown (%s)", _headline(e))
+        return {}
+
+
 def _kernel_modules(kernels: Sequence[Any]) -> list[str]:
     """The modules that define ``kernels`` (a template's ``functools.partial``: its function's and arguments')."""
     modules: dict[str, None] = {}
@@ -446,28 +513,44 @@ def _kernel_modules(kernels: Sequence[Any]) -> list[str]:
     return list(modules)
 
 
-def _new_hosts(ray: Any, kernels: Sequence[Any], n_jobs: int | None) -> list[_Host]:
-    """One :class:`CompileHost` per node that gets slots (:func:`host_slots`), asked at once to start its
-    fork server."""
+def _start_host(ray: Any, node: str, slots: int, preload: list[str], free: dict[str, float]) -> _Host:
+    """A :class:`CompileHost` on ``node`` with ``slots``, asked at once to start its fork server. It reserves
+    ``slots`` CPUs, or the ones free on the node if fewer (other Ray work holds the rest): asking for more
+    would leave it waiting for them, and the run with it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    preload, job, hosts = _kernel_modules(kernels), _session(ray), []
-    for node, slots in host_slots(ray, n_jobs).items():
-        actor = ray.remote(CompileHost).options(
-            num_cpus=slots, max_concurrency=slots + 2, max_restarts=0, max_task_retries=0,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False), **run_options(ray)).remote(preload)
-        hosts.append(_Host(actor, node, slots, time.time(), job))
-        hosts[-1].up = actor.ready.remote()
-    return hosts
+    cpus = min(slots, int(free.get(node, slots)))
+    if cpus < slots:
+        logger.info("node %s has %d free CPUs (other Ray work holds the rest): its compile host reserves those and "
+                    "still runs up to %d compiles at once", node, cpus, slots)
+    actor = ray.remote(CompileHost).options(
+        num_cpus=cpus, max_concurrency=slots + 2, max_restarts=0, max_task_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        **run_options(ray)).remote(preload, UNCLAIMED_EXIT_S)
+    host = _Host(actor, time.time(), _session(ray), node, slots)
+    host.up = actor.ready.remote()
+    return host
+
+
+def _new_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]:
+    """One :class:`CompileHost` per node that gets slots (:func:`host_slots`)."""
+    free = free_cpus(ray)
+    return [_start_host(ray, node, slots, preload, free) for node, slots in host_slots(ray, n_jobs).items()]
+
+
+def _spare_kind(n_jobs: int | None) -> tuple:
+    """The :mod:`.spares` kind of the compile hosts of a run with ``n_jobs``: a run takes those started for
+    its own ``n_jobs`` only (their slots were sized by it)."""
+    return "ray-compile", None if n_jobs in (None, -1) else n_jobs
 
 
 def prestart_compile_hosts(kernel: Any, n_jobs: int | None) -> None:
     """Start, now, the compile hosts a job will take (:mod:`.spares`), unless they are waiting already, so
     that their fork servers import TileLang and the kernel's modules while the job is planned."""
     ray = connect()
-    if spares.count(("ray-compile",)) == 0:
-        for host in _new_hosts(ray, [kernel], n_jobs):
-            spares.keep(("ray-compile",), host)
+    if spares.count(_spare_kind(n_jobs)) == 0:
+        for host in _new_hosts(ray, _kernel_modules([kernel]), n_jobs):
+            spares.keep(_spare_kind(n_jobs), host)
 
 
 class RayBench(ServedBench):
@@ -605,84 +688,148 @@ def _headline(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
 
 
-def compile_on_ray(tasks: list[tuple], n_jobs: int | None) -> Iterator[CompileOutcome]:
-    """Run :func:`.compile.compile_task` for each argument tuple of ``tasks`` on the cluster's compile hosts
-    (:class:`CompileHost`: the ones the plan started, else new ones, one per node); yield outcomes as they
-    finish. At most ``n_jobs`` run at once (``None`` or -1: as many as the cluster has CPUs), handed out in
-    order to whichever host is up and has a free slot. A host that is lost (its node, or its actor killed)
-    has its running compiles handed to the others, up to :data:`COMPILE_RETRIES` times each, then they are
-    ``compile_error``s; with no host left, so are the rest. Stopping early (``close()``, an exception in the
-    consumer) ends every compile still running. The hosts are ended when this ends."""
+def compile_on_ray(tasks: list[tuple], n_jobs: int | None, kernels: Sequence[Any]) -> Iterator[CompileOutcome]:
+    """Run :func:`.compile.compile_task` for each argument tuple of ``tasks`` (compiling ``kernels``) on the
+    cluster's compile hosts (:class:`CompileHost`: the ones the plan started for this ``n_jobs``, else new
+    ones, one per node); yield outcomes as they finish. At most ``n_jobs`` run at once (``None`` or -1: as
+    many as the hosts have slots), handed out in order to whichever host is up and has a free slot.
+
+    A host that is lost (its node, or its actor killed) has its running compiles handed to the others, and
+    is started again on its node while that node is alive (at most :data:`HOST_RESTARTS` times per node).
+    A config whose host was lost under it more than :data:`COMPILE_RETRIES` times is a ``compile_error``
+    (it may be what brings them down). With no host left, and none that can be started, this raises
+    rather than record configs it did not try: the trials recorded so far stay, and a re-run resumes.
+    Stopping early (``close()``, an exception in the consumer) ends every compile still running. The hosts
+    are ended when this ends."""
     ray = connect()
-    errors = ray.exceptions
+    preload = _kernel_modules(kernels)
     hosts: list[_Host] = []
-    while (spare := spares.take(("ray-compile",))) is not None:
+    while (spare := spares.take(_spare_kind(n_jobs))) is not None:
         hosts.append(spare)
     if not hosts:  # none started by a plan (compile_many called directly)
-        payloads = {id(t[0]): t[0] for t in tasks}.values()
-        hosts = _new_hosts(ray, [cloudpickle_module().loads(p) for p in payloads], n_jobs)
-    stored: dict[int, tuple[Any, Any, Any]] = {}  # each kernel (one per batch of a job) stored once
-    for task in tasks:
-        if id(task[0]) not in stored:
-            stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
-    queue, tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
-    limit = n_jobs if n_jobs not in (None, -1) else sum(h.slots for h in hosts)
-    running: dict[Any, tuple[_Host, tuple, float]] = {}  # ref -> (its host, its task, handed out at)
-    waiting = {h.up: h for h in hosts if h.up is not True and h.up is not False}  # ready() calls
-    deadline = time.monotonic() + HOST_START_TIMEOUT_S
+        hosts = _new_hosts(ray, preload, n_jobs)
     try:
-        while queue or running:
+        yield from _HostPool(ray, hosts, preload, n_jobs).run(tasks)
+    finally:
+        try:
+            ends = [h.actor.shutdown.remote() for h in hosts if h.up is not False]
+            ray.wait(ends, num_returns=len(ends), timeout=HOST_SHUTDOWN_S)
+        finally:  # even on a second Ctrl-C
             for host in hosts:
-                while queue and host.up is True and host.busy < host.slots and len(running) < limit:
+                host.close()
+
+
+class _HostPool:
+    """One :func:`compile_on_ray` call's hosts (``hosts``, to which it adds those it starts again) and the
+    compiles running on them."""
+
+    def __init__(self, ray: Any, hosts: list[_Host], preload: list[str], n_jobs: int | None) -> None:
+        self.ray, self.hosts, self.preload = ray, hosts, preload
+        self.limit = n_jobs if n_jobs not in (None, -1) else sum(h.slots for h in hosts)
+        self.running: dict[Any, tuple[_Host, tuple, float]] = {}  # ref -> (its host, its task, handed out at)
+        self.restarts: dict[str, int] = {}  # node -> hosts started again there
+        self.t0 = time.monotonic()
+        self.told = False  # that no host is up yet
+        for host in hosts:
+            host.actor.claim.remote()
+
+    def run(self, tasks: list[tuple]) -> Iterator[CompileOutcome]:
+        ray = self.ray
+        stored: dict[int, tuple[Any, Any, Any]] = {}  # each kernel (one per batch of a job) stored once
+        for task in tasks:
+            if id(task[0]) not in stored:
+                stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
+        queue, tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
+        while queue or self.running:
+            for host in self.hosts:
+                while queue and host.up is True and host.busy < host.slots and len(self.running) < self.limit:
                     task = queue.popleft()
-                    running[host.actor.compile.remote(*stored[id(task[0])], *task[3:])] = (host, task,
-                                                                                          time.perf_counter())
+                    ref = host.actor.compile.remote(*stored[id(task[0])], *task[3:])
+                    self.running[ref] = (host, task, time.perf_counter())
                     host.busy += 1
-            if not running and not waiting:  # every host is gone
-                for task in queue:
-                    yield CompileOutcome(task[3], Status.COMPILE_ERROR, "no Ray compile host is left: every "
-                                         "node the run compiled on was lost", 0.0)
-                return
-            left = deadline - time.monotonic() if not running else None
-            if left is not None and left <= 0:
-                raise RuntimeError(f"no Ray compile host came up within {HOST_START_TIMEOUT_S:g} s (the cluster's "
-                                   "CPUs are held by other work, or its nodes cannot start the actor)")
-            done, _ = ray.wait([*running, *waiting], num_returns=1, timeout=left)
+            starting = {h.up: h for h in self.hosts if h.up is not True and h.up is not False}
+            if not self.running and not starting:
+                lost = sorted({h.node for h in self.hosts})
+                raise RuntimeError(f"every Ray compile host of this run was lost (node(s) {', '.join(lost)}), and "
+                                   f"none could be started again; {len(queue)} config(s) were not compiled. The "
+                                   "trials recorded so far are kept: run again to resume from them")
+            done, _ = ray.wait([*self.running, *starting], num_returns=1, timeout=self._wait_s(starting))
+            if not done:
+                self._check_starting(starting)
             for ref in done:
-                if ref in waiting:
-                    host = waiting.pop(ref)
-                    try:
-                        info = ray.get(ref)
-                        host.up = True
-                        logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"],
-                                     host.slots)
-                    except errors.RayError as e:
-                        host.up = False
-                        if all(h.up is False for h in hosts):
-                            raise RuntimeError(f"the Ray compile host could not start: {e}") from None
-                        logger.warning("a Ray compile host did not start (%s); compiling on the others",
-                                       _headline(e))
+                if ref in starting:
+                    self._started(starting[ref])
                     continue
-                host, task, t0 = running.pop(ref)
+                host, task, t0 = self.running.pop(ref)
                 host.busy -= 1
                 try:
-                    yield ray.get(ref)
-                except (errors.RayActorError, errors.ObjectLostError) as e:
-                    if host.up is True:
-                        host.up = False
-                        logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to the "
-                                       "others", host.node, _headline(e))
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayError as e:  # the host's fault (lost, its fork server gone), not the config's
+                    self._lost(host, e)
                     tries[task[3]] += 1
-                    if tries[task[3]] > COMPILE_RETRIES or not any(h.up is not False for h in hosts):
-                        yield CompileOutcome(task[3], Status.COMPILE_ERROR, f"the Ray compile host for this "
-                                             f"config was lost with its node, {COMPILE_RETRIES} retries included "
-                                             f"({_headline(e)})", time.perf_counter() - t0)
+                    if tries[task[3]] > COMPILE_RETRIES:
+                        yield CompileOutcome(task[3], Status.COMPILE_ERROR, f"the Ray compile host compiling this "
+                                             f"config was lost {tries[task[3]]} times, each time while it compiled "
+                                             f"it ({_headline(e)})", time.perf_counter() - t0)
                     else:
                         queue.appendleft(task)
-    finally:
-        if running:  # stopped early: end the compiles still running before their hosts
-            with contextlib.suppress(Exception):
-                ends = [h.actor.cancel.remote() for h in {id(h): h for h, _, _ in running.values()}.values()]
-                ray.wait(ends, num_returns=len(ends), timeout=10)
-        for host in hosts:
+                    continue
+                yield outcome
+
+    def _wait_s(self, starting: dict[Any, _Host]) -> float | None:
+        """How long to wait for an outcome or a host: until the next starting host's deadline, or the time to
+        say that none is up yet."""
+        if not starting:
+            return None
+        marks = [h.spawned + HOST_START_TIMEOUT_S - time.time() for h in starting.values()]
+        if not self.told and not self.running:
+            marks.append(self.t0 + HOST_PENDING_LOG_S - time.monotonic())
+        return max(0.05, min(marks))
+
+    def _check_starting(self, starting: dict[Any, _Host]) -> None:
+        """Say once what the run waits for when no host is up yet; give up on a host past its start deadline."""
+        if not self.told and not self.running and time.monotonic() - self.t0 >= HOST_PENDING_LOG_S:
+            self.told = True
+            logger.warning("no Ray compile host is up %.0f s into the run; waiting for %d on node(s) %s (each imports "
+                           "TileLang and the kernels' modules first; one that cannot get its CPUs waits for them)",
+                           time.monotonic() - self.t0, len(starting), ", ".join(h.node for h in starting.values()))
+        for host in starting.values():
+            if time.time() - host.spawned > HOST_START_TIMEOUT_S:
+                host.up = False
+                host.close()
+                logger.warning("the Ray compile host on node %s did not come up within %g s; compiling without it",
+                               host.node, HOST_START_TIMEOUT_S)
+                if all(h.up is False for h in self.hosts):
+                    raise RuntimeError(f"no Ray compile host came up within {HOST_START_TIMEOUT_S:g} s (the "
+                                       "cluster's CPUs are held by other work, or its nodes cannot start the actor)")
+
+    def _started(self, host: _Host) -> None:
+        """``host``'s ready() answered: it is up, or it could not start (raised when no host could)."""
+        try:
+            info = self.ray.get(host.up)
+        except self.ray.exceptions.RayError as e:
+            host.up = False
             host.close()
+            if all(h.up is False for h in self.hosts):
+                raise RuntimeError(f"the Ray compile host could not start: {e}") from None
+            logger.warning("a Ray compile host did not start (%s); compiling on the others", _headline(e))
+            return
+        host.up = True
+        logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"], host.slots)
+
+    def _lost(self, host: _Host, e: BaseException) -> None:
+        """``host`` failed a compile call: it is taken as lost (and killed, should it still run), and started
+        again on its node if that node is alive and has not had :data:`HOST_RESTARTS` restarts."""
+        if host.up is not True:  # told already, by another of its compiles
+            return
+        host.up = False
+        host.close()
+        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        again = host.node in alive and self.restarts.get(host.node, 0) < HOST_RESTARTS
+        logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to the %s", host.node,
+                       _headline(e), "host started again there" if again else "other hosts")
+        if again:
+            self.restarts[host.node] = self.restarts.get(host.node, 0) + 1
+            new = _start_host(self.ray, host.node, host.slots, self.preload, free_cpus(self.ray))
+            new.actor.claim.remote()
+            self.hosts.append(new)

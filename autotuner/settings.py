@@ -256,7 +256,7 @@ class RunSettings:
     """How the run is carried out: none of it changes which config wins."""
 
     n_jobs: int | None = _keyed(None, key=False)
-    backend: str | None = _keyed(None, key=False)  # "ray": compile tasks and measuring actors on Ray
+    backend: str | None = _keyed(None, key=False)  # "ray": compile hosts and measuring actors on Ray
     isolate: bool = _keyed(True, key=False)
     run_timeout: float = _keyed(120.0, key=False)
     cache: bool = _keyed(True, key=False)

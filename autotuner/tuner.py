@@ -380,7 +380,7 @@ class AutoTuner:
 
         * ``n_jobs`` compile workers (default all cores) on ``backend``: default forked
           ``"multiprocessing"`` workers; joblib's ``"loky"``, or ``"dask"`` with its joblib integration
-          registered; or ``"ray"``: compile tasks and one measuring actor per GPU on a Ray cluster (the
+          registered; or ``"ray"``: a compile host per node and one measuring actor per GPU on a Ray cluster (the
           one this process is connected to, else ``RAY_ADDRESS``, else a local one), docs/scale_out.md.
         * ``cache``: use the tuning database, at ``db_path`` (default :func:`autotuner.cache.cache_dir`).
         * ``progress``: the progress bar.

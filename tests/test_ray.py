@@ -150,19 +150,23 @@ def test_the_plan_started_the_compile_host_the_run_took_and_ended(local_ray, tmp
     made: list = []
     real = ray_cluster._new_hosts
 
-    def spy(ray, kernels, n_jobs):
-        made.append(real(ray, kernels, n_jobs))
+    def spy(ray, preload, n_jobs):
+        made.append(real(ray, preload, n_jobs))
         return made[-1]
 
     monkeypatch.setattr(ray_cluster, "_new_hosts", spy)
     result = tuner(backend="ray", db_path=str(tmp_path / "db.sqlite"), run_timeout=60).run(1, 3)
     assert result.config == WINNER
     assert len(made) == 1 and [h.slots for h in made[0]] == [2], made
-    from autotuner import spares
-
-    assert spares.count(("ray-compile",)) == 0
+    assert _spare_hosts() == 0
     with pytest.raises(local_ray.exceptions.RayActorError):  # ended with the run
         local_ray.get(made[0][0].actor.ready.remote(), timeout=60)
+
+
+def _spare_hosts() -> int:
+    from autotuner import spares
+
+    return sum(spares.count(kind) for kind in list(spares._SPARES) if kind[0] == "ray-compile")
 
 
 @needs_ray
@@ -242,21 +246,12 @@ def test_a_compile_process_killed_from_outside_costs_its_config_only(local_ray):
     assert outcomes[1].status == "compile_error" and "killed from outside" in outcomes[1].error, outcomes[1]
 
 
-@needs_ray
-def test_a_lost_compile_host_hands_its_compiles_to_another(local_ray, tmp_path, monkeypatch, caplog):
-    """Two hosts of one slot each (as on two nodes); the one compiling the first config is killed (its node
-    lost): that config is compiled again on the other, and every config comes back right."""
-    from kernels.c_kernels import add, add_hanging
+def _host_killer(ray, hosts, pidfile):
+    """A thread that waits for the hanging compile's pid in ``pidfile``, then kills the host (of ``hosts``)
+    whose compile it is, as if its node were lost; ``killed`` gets that host, and the compiler's pid."""
+    import threading
 
-    from autotuner import spares
-
-    node = local_ray.nodes()[0]["NodeID"]
-    monkeypatch.setattr(ray_cluster, "host_slots", lambda ray, n_jobs: {node: 1})
-    hosts = [h for _ in range(2) for h in ray_cluster._new_hosts(local_ray, [add], 1)]
-    for h in hosts:
-        spares.keep(("ray-compile",), h)
-    pids = {local_ray.get(h.actor.ready.remote(), timeout=120)["pid"]: h for h in hosts}
-    pidfile = tmp_path / "pid"
+    pids = {ray.get(h.actor.ready.remote(), timeout=120)["pid"]: h for h in hosts}
     killed: list = []
 
     def kill_the_host_of_the_hanging_compile():
@@ -264,24 +259,158 @@ def test_a_lost_compile_host_hands_its_compiles_to_another(local_ray, tmp_path, 
         while not pidfile.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(0.2)  # the pid written
-        pid = int(pidfile.read_text())
+        pid = compiler = int(pidfile.read_text())
         while pid > 1 and pid not in pids:  # up from the compiler process to the host's actor
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        killed.append(pids.get(pid))
-        local_ray.kill(pids[pid].actor, no_restart=True)
+        killed.extend([pids.get(pid), compiler])
+        ray.kill(pids[pid].actor, no_restart=True)
 
-    import threading
+    thread = threading.Thread(target=kill_the_host_of_the_hanging_compile, daemon=True)
+    thread.start()
+    return thread, killed
 
-    killer = threading.Thread(target=kill_the_host_of_the_hanging_compile, daemon=True)
-    killer.start()
+
+def _gone(pid: int, within: float = 20.0) -> bool:
+    deadline = time.monotonic() + within
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def _one_slot_hosts(ray, monkeypatch, n, n_jobs):
+    """``n`` compile hosts of one slot each on this node (as on ``n`` nodes), kept as a plan keeps them."""
+    from autotuner import spares
+
+    node = ray.nodes()[0]["NodeID"]
+    monkeypatch.setattr(ray_cluster, "host_slots", lambda ray, n_jobs: {node: 1})
+    hosts = [h for _ in range(n) for h in ray_cluster._new_hosts(ray, ["kernels.c_kernels"], 1)]
+    for h in hosts:
+        spares.keep(ray_cluster._spare_kind(n_jobs), h)
+    return hosts
+
+
+@needs_ray
+@pytest.mark.parametrize("n_hosts, restarts, told", [(2, 0, "go to the other hosts"),
+                                                      (1, 2, "go to the host started again there")])
+def test_a_lost_compile_host_hands_its_compiles_on(local_ray, tmp_path, monkeypatch, caplog, n_hosts, restarts, told):
+    """Hosts of one slot each (as on as many nodes); the one compiling the first config is killed (as if its
+    node were lost): with two and no restarts (its node gone), that config is compiled again on the other;
+    with one, its node still alive, a new host is started there. Every config comes back right (none recorded
+    as failed), and the lost host's compile process ends with it."""
+    from kernels.c_kernels import add_hanging
+
+    monkeypatch.setattr(ray_cluster, "HOST_RESTARTS", restarts)
+    hosts = _one_slot_hosts(local_ray, monkeypatch, n_hosts, n_hosts)
+    pidfile = tmp_path / "pid"
+    killer, killed = _host_killer(local_ray, hosts, pidfile)
     configs = [dict(block_M=16, pidfile=str(pidfile)), dict(block_M=32), dict(block_M=64)]
     with caplog.at_level(logging.WARNING, logger="autotuner.ray_cluster"):
-        outcomes = {o.index: o for o in _compile_on_ray(add_hanging, configs, n_jobs=2)}
+        outcomes = {o.index: o for o in _compile_on_ray(add_hanging, configs, n_jobs=n_hosts)}
     killer.join(5)
     assert killed and killed[0] is not None, killed
     assert sorted(outcomes) == [0, 1, 2] and all(o.status == "ok" for o in outcomes.values()), outcomes
-    assert any("was lost" in r.getMessage() for r in caplog.records), caplog.records
+    assert any("was lost" in r.getMessage() and told in r.getMessage() for r in caplog.records), caplog.records
+    assert _gone(killed[1])
+
+
+@needs_ray
+def test_with_no_compile_host_left_the_run_stops_rather_than_record_what_it_did_not_try(local_ray, tmp_path,
+                                                                                        monkeypatch):
+    """Its only host lost and none to be started (its node's restarts spent): an error that says so, and no
+    config is reported as a compile error (a re-run would never try it again)."""
+    from kernels.c_kernels import add_hanging
+
+    monkeypatch.setattr(ray_cluster, "HOST_RESTARTS", 0)
+    hosts = _one_slot_hosts(local_ray, monkeypatch, 1, 1)
+    pidfile = tmp_path / "pid"
+    killer, _ = _host_killer(local_ray, hosts, pidfile)
+    configs = [dict(block_M=16, pidfile=str(pidfile)), dict(block_M=32), dict(block_M=64)]
+    seen = []
+    with pytest.raises(RuntimeError, match=r"every Ray compile host of this run was lost.*3 config\(s\) were not "
+                                           r"compiled.*run again to resume"):
+        for outcome in _compile_on_ray(add_hanging, configs, n_jobs=1):
+            seen.append(outcome)
+    killer.join(5)
+    assert seen == []
+
+
+@needs_ray
+def test_a_compile_host_starts_when_other_ray_work_holds_every_cpu(local_ray, monkeypatch):
+    """A host reserves only the CPUs free on its node; asking for all of them, it waited for them forever."""
+    from kernels.c_kernels import add
+
+    monkeypatch.setattr(ray_cluster, "HOST_START_TIMEOUT_S", 60.0)
+
+    class Holder:
+        def ready(self):
+            return True
+
+    holder = local_ray.remote(Holder).options(num_cpus=2).remote()
+    try:
+        local_ray.get(holder.ready.remote(), timeout=60)
+        assert ray_cluster.free_cpus(local_ray) == {local_ray.nodes()[0]["NodeID"]: 0.0}
+        configs = [dict(block_M=m) for m in (16, 32, 64)]
+        outcomes = list(_compile_on_ray(add, configs, n_jobs=2))
+    finally:
+        local_ray.kill(holder)
+    assert sorted(o.index for o in outcomes) == [0, 1, 2] and all(o.status == "ok" for o in outcomes), outcomes
+
+
+@needs_ray
+def test_a_compile_host_no_job_takes_ends_itself_and_its_files(local_ray, monkeypatch):
+    """Hosts a plan started for a job that never came (a plan not tuned, in a notebook that lives on) end
+    themselves, removing their scratch directory; a run's hosts remove theirs when it ends."""
+    from kernels.c_kernels import add
+
+    from autotuner import spares
+
+    configs = [dict(block_M=m) for m in (16, 32)]
+    ray_cluster.prestart_compile_hosts(add, 2)
+    taken = spares.take(ray_cluster._spare_kind(2))
+    spares.keep(ray_cluster._spare_kind(2), taken)
+    run_scratch = local_ray.get(taken.actor.ready.remote(), timeout=120)["scratch"]
+    assert os.path.isdir(run_scratch)
+    assert all(o.status == "ok" for o in _compile_on_ray(add, configs))
+    assert _gone_dir(run_scratch)
+
+    monkeypatch.setattr(ray_cluster, "UNCLAIMED_EXIT_S", 3.0)
+    ray_cluster.prestart_compile_hosts(add, 2)
+    host = spares.take(ray_cluster._spare_kind(2))  # as a plan that never reaches its job leaves it
+    scratch = local_ray.get(host.actor.ready.remote(), timeout=120)["scratch"]
+    deadline = time.monotonic() + 60
+    with pytest.raises(local_ray.exceptions.RayActorError):
+        while time.monotonic() < deadline:
+            local_ray.get(host.actor.ready.remote(), timeout=60)
+            time.sleep(0.5)
+    assert _gone_dir(scratch)
+
+
+def _gone_dir(path: str, within: float = 20.0) -> bool:
+    deadline = time.monotonic() + within
+    while os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not os.path.exists(path)
+
+
+@needs_ray
+def test_a_plan_that_fails_ends_what_the_plans_before_it_started(local_ray, tmp_path, monkeypatch):
+    """``tune_all`` plans inside its cleanup: the first plan's compile hosts and measuring actor are ended when
+    a later plan raises (here as Ctrl-C would), not left holding the cluster's CPUs."""
+    from autotuner import spares
+    from autotuner.job import tune_all
+
+    first = tuner(backend="ray", db_path=str(tmp_path / "db.sqlite"), run_timeout=60)
+    second = tuner(backend="ray", db_path=str(tmp_path / "db.sqlite"), run_timeout=60)
+
+    def interrupted():
+        assert _spare_hosts() >= 1  # the first plan's
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(second, "plan", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tune_all([first, second])
+    assert _spare_hosts() == 0 and not any(spares._SPARES.values()), spares._SPARES
 
 
 @needs_ray
@@ -311,9 +440,9 @@ def test_a_rerun_measures_only_what_the_interrupted_run_did_not_record(ray_run, 
     compiled: list[dict] = []
     real = ray_cluster.compile_on_ray
 
-    def spy(tasks, n_jobs):
+    def spy(tasks, n_jobs, kernels):
         compiled.extend(t[4] for t in tasks)  # (payload, globals, sources, position, config, ...)
-        return real(tasks, n_jobs)
+        return real(tasks, n_jobs, kernels)
 
     monkeypatch.setattr(ray_cluster, "compile_on_ray", spy)
     result = tuner(backend="ray", devices=[1, 0], db_path=str(db), run_timeout=60).run(1, 3)
@@ -493,14 +622,14 @@ def test_what_an_earlier_ray_session_left_is_never_used(local_ray):
     from autotuner import spares
 
     ray_cluster.prestart_compile_hosts(add, 2)
-    old = ray_cluster._SpareActor(actor=object(), spawned=time.time(), job=ray_cluster._session(local_ray))
-    assert old.alive() and spares.count(("ray-compile",)) == 1
+    old = ray_cluster._Spare(actor=object(), spawned=time.time(), job=ray_cluster._session(local_ray))
+    assert old.alive() and spares.count(ray_cluster._spare_kind(2)) == 1
     local_ray.shutdown()
     local_ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
     assert not old.alive()
     spares.keep(("ray", "test-kind"), old)
     assert spares.take(("ray", "test-kind")) is None  # closed as stale: old.close() did not touch Ray
-    assert spares.count(("ray-compile",)) == 0
+    assert spares.count(ray_cluster._spare_kind(2)) == 0
     configs = [dict(block_M=m, block_N=n) for m in (16, 32) for n in (16, 64)]
     outcomes = list(_compile_on_ray(add, configs))
     assert sorted(o.index for o in outcomes) == [0, 1, 2, 3] and all(o.status == "ok" for o in outcomes), outcomes
@@ -534,3 +663,12 @@ def test_a_source_checkouts_tilelang_paths_are_left_out_too(monkeypatch, tmp_pat
     monkeypatch.setattr(sys, "path", ["/user/code", str(root / "build" / "lib"), str(root / "build" / "tvm"),
                                       str(root / "3rdparty" / "tvm" / "python"), str(tmp_path / "tvm-elsewhere")])
     assert ray_cluster._import_path() == before == (["/user/code"], os.environ.get("TILELANG_CACHE_DIR"))
+
+
+@pytest.mark.parametrize("n_jobs", [0, -2, 1.5, True])
+def test_compiling_refuses_an_n_jobs_that_is_not_a_count_of_workers(n_jobs):
+    """Called directly (as ``set_tuning`` would have refused it): 0 or -2 made every config a compile error."""
+    from kernels.c_kernels import add
+
+    with pytest.raises((ValueError, TypeError), match="n_jobs must be"):
+        _compile_on_ray(add, [dict(block_M=16)], n_jobs=n_jobs)
