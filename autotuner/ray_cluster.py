@@ -405,8 +405,8 @@ class CompileHost:
             time.perf_counter() - t0)
 
     def shutdown(self) -> int:
-        """End every compile running here (their compile children first) and remove this host's scratch
-        directory; how many compiles there were. The driver calls it before it kills the host."""
+        """End every compile running here (their compile children first) and the fork server, and remove this
+        host's scratch directory; how many compiles there were. The driver calls it before it kills the host."""
         with self._lock:
             running = list(self._running.values())
         for child in running:
@@ -414,6 +414,12 @@ class CompileHost:
                 child.terminate()
         for child in running:
             child.join(HOST_SHUTDOWN_S)
+        from multiprocessing import forkserver
+
+        stop = getattr(forkserver._forkserver, "_stop", None)  # its own way out (3.8+); it also ends with this process
+        with contextlib.suppress(Exception):
+            if stop is not None:
+                stop()
         self._scratch.close()
         return len(running)
 

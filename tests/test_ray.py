@@ -208,6 +208,7 @@ def test_a_ray_worker_compiles_without_forking_a_python_child(local_ray):
 
     def in_a_ray_worker(task):  # nested, so that Ray pickles it by value
         import os
+        from multiprocessing import spawn
 
         from autotuner import forking
         from autotuner.ray_cluster import CompileHost
@@ -216,11 +217,16 @@ def test_a_ray_worker_compiles_without_forking_a_python_child(local_ray):
             raise AssertionError("forked in a Ray worker")
 
         fork, os.fork = os.fork, refuse
+        prepare = spawn.get_preparation_data  # the host changes it for its process, a pooled worker here
+        host = None
         try:
             host = CompileHost(["kernels.c_kernels"])
             return forking.fork_safe(), host.ready()["up_s"], host.compile(*task)
         finally:
-            os.fork = fork
+            os.fork, spawn.get_preparation_data = fork, prepare
+            if host is not None:
+                host.claim()  # not to end itself (and this worker) later
+                host.shutdown()
 
     remote = local_ray.remote(in_a_ray_worker).options(num_cpus=1, **ray_cluster.run_options(local_ray))
     safe, up_s, outcome = local_ray.get(remote.remote(task), timeout=300)
