@@ -7,16 +7,17 @@ kernel forgot to write shows up as a mismatch rather than as stale zeros.
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import TuningInputError
 
 __all__ = ["DEFAULT_TOL", "CheckResult", "SupplyType", "check_shared_dims", "compare", "make_args", "manual_check",
-           "needs_second_poison", "parse_supply_type", "poison_", "run_reference", "same_bits", "supplied_inputs",
-           "tolerances", "torch_dtype", "unwritten_under_both_poisons"]
+           "needs_second_poison", "parse_supply_type", "poison_", "poisoned_allocations", "run_reference",
+           "same_bits", "supplied_inputs", "tolerances", "torch_dtype", "unwritten_under_both_poisons"]
 
 
 class SupplyType(enum.Enum):
@@ -106,6 +107,49 @@ def poison_(t: Any, second: bool = False) -> Any:
         return t.fill_(second)
     info = torch.iinfo(t.dtype)
     return t.fill_(info.max if second else info.min)
+
+
+@contextlib.contextmanager
+def poisoned_allocations(outputs: Sequence[tuple[Sequence[int], Any]], device: str,
+                         second: bool = False) -> Iterator[Callable[[Sequence[Any]], bool]]:
+    """Have the buffers a kernel's launcher allocates for its outputs (TileLang's ``out_idx``, called with the
+    inputs only) start as poison (:func:`poison_`), as a tuning check's outputs do: ``torch.empty`` hands
+    back memory as it was freed, and memory the reference just freed can hold the right answer, where a kernel
+    that leaves elements unwritten would pass. ``outputs``: each output's shape and torch dtype, in the
+    kernel's parameter order.
+
+    Inside the block, ``torch.empty`` fills what it returns with poison (TileLang's Cython and torch
+    launchers allocate through it), and on a GPU every allocation of this thread comes from a private memory
+    pool whose only free blocks are poisoned ones of the outputs' sizes, made and freed in that order just
+    before (a launcher that allocates in C++, TVM-FFI's callee-allocated outputs, gets those). Yields
+    ``verified(outs)``: whether each of ``outs`` is memory that started as poison."""
+    import torch
+
+    made: set[int] = set()
+    real = torch.empty
+
+    def empty(*args: Any, **kwargs: Any) -> Any:
+        t = real(*args, **kwargs)
+        if t.numel():
+            poison_(t, second)
+            made.add(t.data_ptr())
+        return t
+
+    def verified(outs: Sequence[Any]) -> bool:
+        return all(isinstance(o, torch.Tensor) and o.data_ptr() in made for o in outs)
+
+    with contextlib.ExitStack() as stack:
+        if device == "cuda" and hasattr(torch.cuda, "MemPool"):
+            pool = torch.cuda.MemPool()
+            stack.enter_context(torch.cuda.use_mem_pool(pool))
+            baits = [poison_(real(tuple(shape), dtype=dtype, device="cuda"), second) for shape, dtype in outputs]
+            made.update(b.data_ptr() for b in baits if b.numel())
+            del baits  # back to the pool, poisoned: the launcher's allocations of these sizes get them
+        torch.empty = empty
+        try:
+            yield verified
+        finally:
+            torch.empty = real
 
 
 def needs_second_poison(outputs: Sequence[Any], refs: Sequence[Any] | None) -> bool:

@@ -52,3 +52,34 @@ def test_record_tune_and_serve_a_table_on_the_gpu(tmp_path):
     # one kernel per bucket, each checked once against the reference before it is served
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"table": 2, "compiles": 2, "served checks": 2}
     assert not (tmp_path / "fresh" / "tuning.sqlite").exists()
+
+
+def test_the_outputs_tilelang_allocates_for_a_served_check_start_as_poison_on_the_gpu():
+    """TileLang's launcher for a kernel with ``out_idx`` allocates the outputs itself, in C++ through TVM-FFI
+    or with ``torch.empty``; either way the check's outputs must start as poison (autotuner/check.py)."""
+    import tilelang
+    from kernels.keyed_kernels import scale_add
+
+    from autotuner.check import poisoned_allocations
+
+    jit = tilelang.compile(scale_add(100, 64), out_idx=[-1], target="cuda")
+    a, b = torch.randn(100, 64, device="cuda"), torch.randn(100, 64, device="cuda")
+    for second in (False, True):
+        with poisoned_allocations([((100, 64), torch.float32)], "cuda", second) as verified:
+            got = jit(a, b)
+        assert verified([got]), (type(jit.adapter).__name__, second)
+        torch.testing.assert_close(got, a * 2 + b)
+
+
+def test_a_served_kernel_leaving_its_last_row_unwritten_is_refused_on_the_gpu(tmp_path):
+    """The reference returns a copy, so the block it frees holds the right answer, which the caching allocator
+    may hand to the kernel's output next; the check's outputs start as poison instead."""
+    from kernels.keyed_kernels import scale_add_skipping_last_row
+
+    from autotuner.errors import KeyRefused
+
+    kk = make_keyed(tmp_path / "db.sqlite", target="cuda", fn=scale_add_skipping_last_row)
+    kk.compile_args["ref_prog"] = lambda A, B: (A * 2 + B).clone()
+    a = torch.randn(40, 64, device="cuda")
+    with pytest.raises(KeyRefused, match="does not match the reference"):
+        kk(a, a)

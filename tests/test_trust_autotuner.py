@@ -1016,6 +1016,36 @@ def test_a_served_keyed_kernel_is_checked_once_and_refused_when_wrong(tmp_path, 
 
 
 
+def test_a_served_kernel_that_leaves_elements_unwritten_is_refused_whatever_its_memory_held(tmp_path, monkeypatch):
+    """TileLang allocates a served kernel's outputs with ``torch.empty``, which hands back memory as it was
+    freed: here it holds the right answer (as a block the reference freed can), and a kernel that never writes
+    its last row was served. The check's outputs now start as poison."""
+    from kernels.keyed_kernels import make_keyed, scale_add_skipping_last_row
+
+    from autotuner.errors import KeyRefused
+
+    A = torch.ones(8, 64)
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(3.0))  # what 2A + B is here
+    kk = make_keyed(db_path=str(tmp_path / "db.sqlite"), fn=scale_add_skipping_last_row)
+    with pytest.raises(KeyRefused, match=r"does not match the reference .*64/512 mismatched"):
+        kk(A, A)
+
+
+def test_the_poison_reaches_what_a_launcher_allocates_and_says_when_it_did():
+    from autotuner.check import poisoned_allocations
+
+    with poisoned_allocations([((4, 4), torch.float32)], "cpu") as verified:
+        inside = torch.empty(4, 4)
+        integers = torch.empty(3, dtype=torch.int32)
+    outside = torch.empty(4, 4)
+    assert torch.isnan(inside).all() and (integers == torch.iinfo(torch.int32).min).all()
+    assert verified([inside, integers]) and not verified([outside]) and not verified([inside, outside])
+    with poisoned_allocations([((4,), torch.int8)], "cpu", second=True):
+        assert (torch.empty(4, dtype=torch.int8) == 127).all()
+    assert torch.empty is not None and "poisoned" not in repr(torch.empty)
+
+
 def test_a_float8_reference_is_checked_for_finite_values_without_crashing():
     from autotuner.check import run_reference
 

@@ -35,6 +35,20 @@ def scale_add_helper(M, N, block_M: int = 32, block_N: int = 32, dtype: str = "f
     return main
 
 
+def scale_add_skipping_last_row(M, N, block_M: int = 32, block_N: int = 32, dtype: str = "float32"):
+    """scale_add that never writes its last row: wrong at every M, unless the output's memory already holds it."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                if by * block_M + i < M - 1 and bx * block_N + j < N:
+                    C[by * block_M + i, bx * block_N + j] = (A[by * block_M + i, bx * block_N + j] * 2
+                                                             + B[by * block_M + i, bx * block_N + j])
+
+    return main
+
+
 def ref_scale_add(A, B):
     return A * 2 + B
 
