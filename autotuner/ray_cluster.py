@@ -221,7 +221,13 @@ class MeasuringActor:
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
         self.device = device
-        self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
+        import ray
+
+        if ray.get_runtime_context().was_current_actor_reconstructed:  # restarted by Ray during its job's run
+            self._claimed = threading.Event()
+            self._claimed.set()
+        else:
+            self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
         self._stamps = [(up, "process up"), *start_device(device)]  # a job's timeline
         self.benches: Benches | None = None
 
