@@ -9,8 +9,10 @@
   :func:`.compile.compile_task` a local worker runs (a killable child per compile, with its timeout). The
   plan starts the hosts (:func:`prestart_compile_hosts`). The kernel travels as it does to joblib workers
   (cloudpickle, with the globals it needs and a notebook kernel's source), once per run through Ray's
-  object store. Outcomes come back as they finish. A host lost with its node has its running compiles
-  handed to the other hosts, then they are ``compile_error`` outcomes (:func:`compile_on_ray`).
+  object store. Outcomes come back as they finish. A lost host's running compiles are handed out again and
+  the host is started again; a config is a ``compile_error`` for a lost host only when it brought the host
+  down compiling alone; with no host left the run stops rather than record what it did not try
+  (:func:`compile_on_ray`).
 * **Measuring.** One actor per device: ``num_gpus=1`` (Ray pins it to its GPU), no CPU reserved, so
   the compile hosts keep every core; on the C target a fake device that reserves nothing. Each actor
   holds a :class:`.bench.Benches` (every problem of the job) and plays the part of one isolated measuring process behind
@@ -62,14 +64,15 @@ START_TIMEOUT_S = 600.0
 RESTART_TIMEOUT_S = 180.0
 #: Calls that find the actor dead, a second apart, before it is taken as dead for good.
 DEAD_CALLS = 5
-#: How often a compile whose host (its node) was lost is handed to another host before it is a ``compile_error``.
+#: Host losses a config may be in flight at before it is compiled alone on its host (:func:`compile_on_ray`).
 COMPILE_RETRIES = 2
 #: Seconds a compile host may take to come up (its fork server importing TileLang and the kernels' modules).
 HOST_START_TIMEOUT_S = 600.0
 #: Seconds into a run with no compile host up yet after which the run says, once, what it is waiting for.
 HOST_PENDING_LOG_S = 30.0
-#: How often, per node, a compile host lost while its node is still alive (its actor killed) is started again.
-HOST_RESTARTS = 2
+#: How often, per node, a lost compile host is started again there (:func:`compile_on_ray`): enough for a config
+#: that brings its host down to be compiled alone and found out.
+HOST_RESTARTS = 3
 #: Seconds a compile host gets to end its compiles and remove its scratch directory before it is killed.
 HOST_SHUTDOWN_S = 5.0
 #: Seconds a compile host or measuring actor started ahead of its job (:mod:`.spares`) waits for the job to
@@ -291,7 +294,7 @@ def _end_unless_claimed(cleanup: Any, what: str, after: float, start: threading.
 
     def watch() -> None:
         if start is not None:
-            start.join()
+            start.join(HOST_START_TIMEOUT_S)  # a start that hangs does not keep it from ending
         if claimed.wait(after):
             return
         import ray
@@ -353,6 +356,7 @@ class CompileHost:
         self._lock = threading.Lock()
         self._t0 = time.time()
         self._failed: str | None = None
+        self._closing = False
         self._starting = threading.Thread(target=self._start, name="tilecarve-forkserver-start", daemon=True)
         self._starting.start()  # at once, not at the first call
         self._claimed = _end_unless_claimed(self.shutdown, "compile host", unclaimed_exit_s, self._starting)
@@ -386,15 +390,27 @@ class CompileHost:
         self._claimed.set()
 
     def compile(self, *task: Any) -> CompileOutcome:
-        """:func:`.compile.compile_task` of ``task`` in a child of the fork server."""
+        """:func:`.compile.compile_task` of ``task`` in a child of the fork server. Raises only for what is the
+        host's fault (its fork server gone, or it is shutting down); a config the fork server cannot be sent
+        is that config's ``compile_error``."""
+        from multiprocessing.reduction import ForkingPickler
+
         self._claimed.set()
         t0 = time.perf_counter()
+        try:
+            ForkingPickler.dumps(task)  # what start() sends the fork server, with pickle (the driver's cloudpickle
+        except Exception as e:  # noqa: BLE001 - carried it here): a lambda or a notebook's class in the config
+            return CompileOutcome(task[3], Status.COMPILE_ERROR, "this config cannot be sent to its compile process "
+                                  f"(pickle fails on it: {format_error(e)}); a config holds plain values",
+                                  time.perf_counter() - t0)
         recv, send = self._ctx.Pipe(duplex=False)
         child = self._ctx.Process(target=_hosted_compile, args=(send, *task), daemon=True)
-        child.start()
-        send.close()
-        with self._lock:
+        with self._lock:  # started and registered at once: shutdown() ends every child it may have
+            if self._closing:
+                raise RuntimeError("this compile host is shutting down")
+            child.start()
             self._running[child.pid] = child
+        send.close()
         out = None
         try:
             out = recv.recv()
@@ -411,23 +427,41 @@ class CompileHost:
             time.perf_counter() - t0)
 
     def shutdown(self) -> int:
-        """End every compile running here (their compile children first) and the fork server, and remove this
-        host's scratch directory; how many compiles there were. The driver calls it before it kills the host."""
+        """End every compile running here (their compile children first), remove this host's scratch directory
+        and stop the fork server; how many compiles there were. No compile starts after it. The driver calls
+        it before it kills the host."""
         with self._lock:
+            self._closing = True
             running = list(self._running.values())
         for child in running:
             with contextlib.suppress(Exception):
                 child.terminate()
         for child in running:
             child.join(HOST_SHUTDOWN_S)
-        from multiprocessing import forkserver
-
-        stop = getattr(forkserver._forkserver, "_stop", None)  # its own way out (3.8+); it also ends with this process
-        with contextlib.suppress(Exception):
-            if stop is not None:
-                stop()
-        self._scratch.close()
+        self._scratch.close()  # before the fork server's stop, which waits for every child it forked
+        stopper = threading.Thread(target=_stop_fork_server, name="tilecarve-forkserver-stop", daemon=True)
+        stopper.start()
+        stopper.join(HOST_SHUTDOWN_S)
         return len(running)
+
+    def end(self) -> None:
+        """:meth:`shutdown`, then end this actor for good: a host started for a job that did not take it."""
+        import ray
+
+        try:
+            self.shutdown()
+        finally:
+            ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
+
+
+def _stop_fork_server() -> None:
+    """Stop this process's fork server (its own way out, 3.8+; it also ends with this process)."""
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    with contextlib.suppress(Exception):
+        if stop is not None:
+            stop()
 
 
 def _noop() -> None:
@@ -473,15 +507,29 @@ def _hosted_compile(send: Any, *task: Any) -> None:
 
 @dataclass
 class _Host(_Spare):
-    """A :class:`CompileHost` actor as the driver sees it: its node, its slots, and whether it is up yet."""
+    """A :class:`CompileHost` actor as the driver sees it: its node, its slots, the CPUs it reserved, and
+    whether it is up yet."""
 
     node: str = ""
     slots: int = 1
+    cpus: int = 1
     up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
     busy: int = 0
+    solo: bool = False  # compiling a config alone (:class:`_HostPool`): nothing else is handed to it
 
     def alive(self) -> bool:
         return super().alive() and self.up is not False
+
+    def close(self) -> None:
+        """End it the way it ends itself (:meth:`CompileHost.end`: its compiles, fork server and scratch
+        directory first); a spare no job took."""
+        import ray
+
+        if ray.is_initialized() and _session(ray) == self.job:
+            self.actor.end.remote()
+
+    def kill(self) -> None:
+        super().close()
 
 
 def host_slots(ray: Any, n_jobs: int | None) -> dict[str, int]:
@@ -525,29 +573,30 @@ def _kernel_modules(kernels: Sequence[Any]) -> list[str]:
     return list(modules)
 
 
-def _start_host(ray: Any, node: str, slots: int, preload: list[str], free: dict[str, float]) -> _Host:
+def _start_host(ray: Any, node: str, slots: int, preload: list[str], cpus: int | None = None) -> _Host:
     """A :class:`CompileHost` on ``node`` with ``slots``, asked at once to start its fork server. It reserves
-    ``slots`` CPUs, or the ones free on the node if fewer (other Ray work holds the rest): asking for more
-    would leave it waiting for them, and the run with it."""
+    ``cpus``, by default ``slots`` or the CPUs Ray reports free on the node if fewer (other Ray work holds
+    the rest; a snapshot, which lags the cluster by a moment): asking for more would leave it waiting for
+    them, and the run with it."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    cpus = min(slots, int(free.get(node, slots)))
-    if cpus < slots:
-        logger.info("node %s has %d free CPUs (other Ray work holds the rest): its compile host reserves those and "
-                    "still runs up to %d compiles at once", node, cpus, slots)
+    if cpus is None:
+        cpus = min(slots, int(free_cpus(ray).get(node, slots)))
+        if cpus < slots:
+            logger.info("node %s has %d free CPUs (other Ray work holds the rest): its compile host reserves those "
+                        "and still runs up to %d compiles at once", node, cpus, slots)
     actor = ray.remote(CompileHost).options(
         num_cpus=cpus, max_concurrency=slots + 2, max_restarts=0, max_task_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         **run_options(ray)).remote(preload, UNCLAIMED_EXIT_S)
-    host = _Host(actor, time.time(), _session(ray), node, slots)
+    host = _Host(actor, time.time(), _session(ray), node, slots, cpus)
     host.up = actor.ready.remote()
     return host
 
 
 def _new_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]:
     """One :class:`CompileHost` per node that gets slots (:func:`host_slots`)."""
-    free = free_cpus(ray)
-    return [_start_host(ray, node, slots, preload, free) for node, slots in host_slots(ray, n_jobs).items()]
+    return [_start_host(ray, node, slots, preload) for node, slots in host_slots(ray, n_jobs).items()]
 
 
 def _spare_kind(n_jobs: int | None) -> tuple:
@@ -706,11 +755,12 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None, kernels: Sequence[Any
     ones, one per node); yield outcomes as they finish. At most ``n_jobs`` run at once (``None`` or -1: as
     many as the hosts have slots), handed out in order to whichever host is up and has a free slot.
 
-    A host that is lost (its node, or its actor killed) has its running compiles handed to the others, and
-    is started again on its node while that node is alive (at most :data:`HOST_RESTARTS` times per node).
-    A config whose host was lost under it more than :data:`COMPILE_RETRIES` times is a ``compile_error``
-    (it may be what brings them down). With no host left, and none that can be started, this raises
-    rather than record configs it did not try: the trials recorded so far stay, and a re-run resumes.
+    A host that is lost (its node, or its actor killed) has its running compiles handed out again, and is
+    started again, on its node while that node is alive, else on another (at most :data:`HOST_RESTARTS`
+    times per node). A host's loss is not taken as the fault of the configs it was compiling: one in flight
+    at :data:`COMPILE_RETRIES` losses is then compiled alone on its host, and only one whose host is lost
+    while compiling it alone is a ``compile_error``. With no host left, and none that can be started, this
+    raises rather than record configs it did not try: the trials recorded so far stay, and a re-run resumes.
     Stopping early (``close()``, an exception in the consumer) ends every compile still running. The hosts
     are ended when this ends."""
     ray = connect()
@@ -728,7 +778,7 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None, kernels: Sequence[Any
             ray.wait(ends, num_returns=len(ends), timeout=HOST_SHUTDOWN_S)
         finally:  # even on a second Ctrl-C
             for host in hosts:
-                host.close()
+                host.kill()
 
 
 class _HostPool:
@@ -740,6 +790,7 @@ class _HostPool:
         self.limit = n_jobs if n_jobs not in (None, -1) else sum(h.slots for h in hosts)
         self.running: dict[Any, tuple[_Host, tuple, float]] = {}  # ref -> (its host, its task, handed out at)
         self.restarts: dict[str, int] = {}  # node -> hosts started again there
+        self.losses: list[str] = []  # what happened to each host lost or not started, for the final error
         self.t0 = time.monotonic()
         self.told = False  # that no host is up yet
         for host in hosts:
@@ -751,42 +802,52 @@ class _HostPool:
         for task in tasks:
             if id(task[0]) not in stored:
                 stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
-        queue, tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
+        queue, self.tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
         while queue or self.running:
             for host in self.hosts:
-                while queue and host.up is True and host.busy < host.slots and len(self.running) < self.limit:
+                while queue and host.up is True and not host.solo and host.busy < host.slots \
+                        and len(self.running) < self.limit:
+                    if self.tries[queue[0][3]] >= COMPILE_RETRIES:  # a suspect: alone on its host
+                        if host.busy:
+                            break
+                        host.solo = True
                     task = queue.popleft()
                     ref = host.actor.compile.remote(*stored[id(task[0])], *task[3:])
                     self.running[ref] = (host, task, time.perf_counter())
                     host.busy += 1
             starting = {h.up: h for h in self.hosts if h.up is not True and h.up is not False}
             if not self.running and not starting:
-                lost = sorted({h.node for h in self.hosts})
-                raise RuntimeError(f"every Ray compile host of this run was lost (node(s) {', '.join(lost)}), and "
-                                   f"none could be started again; {len(queue)} config(s) were not compiled. The "
-                                   "trials recorded so far are kept: run again to resume from them")
+                self._none_left(len(queue))
             done, _ = ray.wait([*self.running, *starting], num_returns=1, timeout=self._wait_s(starting))
             if not done:
-                self._check_starting(starting)
+                self._check_starting(starting, len(queue))
             for ref in done:
                 if ref in starting:
-                    self._started(starting[ref])
+                    self._started(starting[ref], len(queue))
                     continue
                 host, task, t0 = self.running.pop(ref)
+                alone = host.solo
                 host.busy -= 1
+                host.solo = False
                 try:
                     outcome = ray.get(ref)
-                except ray.exceptions.RayError as e:  # the host's fault (lost, its fork server gone), not the config's
+                except ray.exceptions.RayError as e:  # the host's (lost, its fork server gone), not the config's
                     self._lost(host, e)
-                    tries[task[3]] += 1
-                    if tries[task[3]] > COMPILE_RETRIES:
+                    self.tries[task[3]] += 1
+                    if alone:
                         yield CompileOutcome(task[3], Status.COMPILE_ERROR, f"the Ray compile host compiling this "
-                                             f"config was lost {tries[task[3]]} times, each time while it compiled "
-                                             f"it ({_headline(e)})", time.perf_counter() - t0)
+                                             f"config was lost {self.tries[task[3]]} times, the last one while it "
+                                             f"compiled this config alone ({_cause(e)})", time.perf_counter() - t0)
                     else:
                         queue.appendleft(task)
                     continue
                 yield outcome
+
+    def _none_left(self, untried: int) -> None:
+        """Raise: no host is up or starting, and none can be started."""
+        raise RuntimeError(f"no Ray compile host is left for this run ({'; '.join(self.losses) or 'none started'}); "
+                           f"{untried} config(s) were not compiled. The trials recorded so far are kept: run "
+                           "again to resume from them")
 
     def _wait_s(self, starting: dict[Any, _Host]) -> float | None:
         """How long to wait for an outcome or a host: until the next starting host's deadline, or the time to
@@ -798,7 +859,7 @@ class _HostPool:
             marks.append(self.t0 + HOST_PENDING_LOG_S - time.monotonic())
         return max(0.05, min(marks))
 
-    def _check_starting(self, starting: dict[Any, _Host]) -> None:
+    def _check_starting(self, starting: dict[Any, _Host], untried: int) -> None:
         """Say once what the run waits for when no host is up yet; give up on a host past its start deadline."""
         if not self.told and not self.running and time.monotonic() - self.t0 >= HOST_PENDING_LOG_S:
             self.told = True
@@ -807,41 +868,57 @@ class _HostPool:
                            time.monotonic() - self.t0, len(starting), ", ".join(h.node for h in starting.values()))
         for host in starting.values():
             if time.time() - host.spawned > HOST_START_TIMEOUT_S:
-                host.up = False
-                host.close()
-                logger.warning("the Ray compile host on node %s did not come up within %g s; compiling without it",
-                               host.node, HOST_START_TIMEOUT_S)
-                if all(h.up is False for h in self.hosts):
-                    raise RuntimeError(f"no Ray compile host came up within {HOST_START_TIMEOUT_S:g} s (the "
-                                       "cluster's CPUs are held by other work, or its nodes cannot start the actor)")
+                self._gone(host, f"the host on node {host.node} did not come up within {HOST_START_TIMEOUT_S:g} s "
+                                 "(the cluster's CPUs held by other work, or the node cannot start the actor)", untried)
 
-    def _started(self, host: _Host) -> None:
-        """``host``'s ready() answered: it is up, or it could not start (raised when no host could)."""
+    def _started(self, host: _Host, untried: int) -> None:
+        """``host``'s ready() answered: it is up, or it could not start."""
         try:
             info = self.ray.get(host.up)
         except self.ray.exceptions.RayError as e:
-            host.up = False
-            host.close()
-            if all(h.up is False for h in self.hosts):
-                raise RuntimeError(f"the Ray compile host could not start: {e}") from None
-            logger.warning("a Ray compile host did not start (%s); compiling on the others", _headline(e))
+            self._gone(host, f"the host on node {host.node} could not start: {_cause(e)}", untried)
             return
         host.up = True
         logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"], host.slots)
 
+    def _gone(self, host: _Host, why: str, untried: int) -> None:
+        """``host`` will not come up: compile on the others, or raise when none is left."""
+        host.up = False
+        host.kill()
+        self.losses.append(why)
+        if all(h.up is False for h in self.hosts):
+            self._none_left(untried)
+        logger.warning("a Ray compile host did not start (%s); compiling on the others", why)
+
     def _lost(self, host: _Host, e: BaseException) -> None:
         """``host`` failed a compile call: it is taken as lost (and killed, should it still run), and started
-        again on its node if that node is alive and has not had :data:`HOST_RESTARTS` restarts."""
+        again (:meth:`_restart_node`)."""
         if host.up is not True:  # told already, by another of its compiles
             return
         host.up = False
-        host.close()
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
-        again = host.node in alive and self.restarts.get(host.node, 0) < HOST_RESTARTS
-        logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to the %s", host.node,
-                       _headline(e), "host started again there" if again else "other hosts")
-        if again:
-            self.restarts[host.node] = self.restarts.get(host.node, 0) + 1
-            new = _start_host(self.ray, host.node, host.slots, self.preload, free_cpus(self.ray))
+        host.kill()
+        self.losses.append(f"the host on node {host.node} was lost ({_cause(e)})")
+        node = self._restart_node(host.node)
+        logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to %s", host.node, _cause(e),
+                       f"a host started again on node {node}" if node else "the other hosts")
+        if node is not None:
+            self.restarts[node] = self.restarts.get(node, 0) + 1
+            new = _start_host(self.ray, node, host.slots, self.preload, cpus=host.cpus)  # its CPUs were its own
             new.actor.claim.remote()
             self.hosts.append(new)
+
+    def _restart_node(self, lost: str) -> str | None:
+        """Where to start a lost host again: its node while alive, else an alive node without a host of this
+        run up or starting (the most CPUs first), else ``None``; a node at most :data:`HOST_RESTARTS` times."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        held = {h.node for h in self.hosts if h.up is not False}
+        order = [lost] + [n["NodeID"] for n in sorted(nodes, key=lambda n: -n.get("Resources", {}).get("CPU", 0))
+                          if n["NodeID"] not in held]
+        alive = {n["NodeID"] for n in nodes}
+        return next((n for n in order if n in alive and self.restarts.get(n, 0) < HOST_RESTARTS), None)
+
+
+def _cause(e: BaseException) -> str:
+    """What a Ray error says happened: a task's own exception (``RayTaskError.cause``), else its headline."""
+    cause = getattr(e, "cause", None)
+    return _headline(cause) if isinstance(cause, BaseException) else _headline(e)

@@ -90,6 +90,24 @@ def add_killing_worker(block_M: int = 32, block_N: int = 32, thread_num: int = 1
     return add(block_M, block_N, thread_num)
 
 
+def add_killing_its_ray_host(block_M: int = 32, block_N: int = 32, thread_num: int = 1, kill_host: bool = False):
+    """Like add; kill_host=True SIGKILLs the Ray compile host (autotuner/ray_cluster.py) compiling it, found up the
+    compiler process's parents by its title (``ray::CompileHost``): a config that brings its host down each time."""
+    if kill_host:
+        import os
+        import signal
+
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ray::CompileHost" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+                    time.sleep(60)  # killed with its host meanwhile
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    return add(block_M, block_N, thread_num)
+
+
 def add_staged(block_M: int = 32, staged: bool = True, reads_unwritten: bool = False):
     """C = A + B in two stages through a scratch parameter W (autotuner.scratch), as the split-K matmul
     sums its partials: W[0] = A and W[1] = B, then C = W[0] + W[1]. ``staged=False`` is the plain add
