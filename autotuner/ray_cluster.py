@@ -393,22 +393,27 @@ class CompileHost:
         """:func:`.compile.compile_task` of ``task`` in a child of the fork server. Raises only for what is the
         host's fault (its fork server gone, or it is shutting down); a config the fork server cannot be sent
         is that config's ``compile_error``."""
-        from multiprocessing.reduction import ForkingPickler
+        import pickle
 
         self._claimed.set()
         t0 = time.perf_counter()
-        try:
-            ForkingPickler.dumps(task)  # what start() sends the fork server, with pickle (the driver's cloudpickle
-        except Exception as e:  # noqa: BLE001 - carried it here): a lambda or a notebook's class in the config
-            return CompileOutcome(task[3], Status.COMPILE_ERROR, "this config cannot be sent to its compile process "
-                                  f"(pickle fails on it: {format_error(e)}); a config holds plain values",
-                                  time.perf_counter() - t0)
-        recv, send = self._ctx.Pipe(duplex=False)
-        child = self._ctx.Process(target=_hosted_compile, args=(send, *task), daemon=True)
         with self._lock:  # started and registered at once: shutdown() ends every child it may have
             if self._closing:
                 raise RuntimeError("this compile host is shutting down")
-            child.start()
+            recv, send = self._ctx.Pipe(duplex=False)
+            child = self._ctx.Process(target=_hosted_compile, args=(send, *task), daemon=True)
+            try:
+                child.start()  # pickles the task (the driver's cloudpickle carried it here) before it asks the server
+            except Exception as e:
+                recv.close()
+                send.close()
+                try:
+                    pickle.dumps(task[4])
+                except Exception:  # noqa: BLE001 - the config itself: a lambda or a notebook's class in it
+                    return CompileOutcome(task[3], Status.COMPILE_ERROR, "this config cannot be sent to its compile "
+                                          f"process (pickle fails on it: {format_error(e)}); a config holds plain "
+                                          "values", time.perf_counter() - t0)
+                raise  # the host's (its fork server), or what every config shares
             self._running[child.pid] = child
         send.close()
         out = None
@@ -436,9 +441,10 @@ class CompileHost:
         for child in running:
             with contextlib.suppress(Exception):
                 child.terminate()
+        deadline = time.monotonic() + HOST_SHUTDOWN_S
         for child in running:
-            child.join(HOST_SHUTDOWN_S)
-        self._scratch.close()  # before the fork server's stop, which waits for every child it forked
+            child.join(max(0.0, deadline - time.monotonic()))
+        self._scratch.close()  # first: the fork server's stop may not return in time
         stopper = threading.Thread(target=_stop_fork_server, name="tilecarve-forkserver-stop", daemon=True)
         stopper.start()
         stopper.join(HOST_SHUTDOWN_S)
@@ -516,6 +522,7 @@ class _Host(_Spare):
     up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
     busy: int = 0
     solo: bool = False  # compiling a config alone (:class:`_HostPool`): nothing else is handed to it
+    replaces: bool = False  # started in place of a lost host
 
     def alive(self) -> bool:
         return super().alive() and self.up is not False
@@ -526,7 +533,11 @@ class _Host(_Spare):
         import ray
 
         if ray.is_initialized() and _session(ray) == self.job:
-            self.actor.end.remote()
+            up = self.up is True or (self.up not in (None, False) and ray.wait([self.up], timeout=0)[0])
+            if up:
+                self.actor.end.remote()
+            else:  # not up (maybe still waiting for CPUs): nothing of it to clean
+                self.kill()
 
     def kill(self) -> None:
         super().close()
@@ -807,11 +818,11 @@ class _HostPool:
             for host in self.hosts:
                 while queue and host.up is True and not host.solo and host.busy < host.slots \
                         and len(self.running) < self.limit:
-                    if self.tries[queue[0][3]] >= COMPILE_RETRIES:  # a suspect: alone on its host
-                        if host.busy:
-                            break
+                    task = self._next(queue, idle=not host.busy)
+                    if task is None:
+                        break
+                    if self.tries[task[3]] >= COMPILE_RETRIES:  # a suspect: alone on its host
                         host.solo = True
-                    task = queue.popleft()
                     ref = host.actor.compile.remote(*stored[id(task[0])], *task[3:])
                     self.running[ref] = (host, task, time.perf_counter())
                     host.busy += 1
@@ -832,16 +843,27 @@ class _HostPool:
                 try:
                     outcome = ray.get(ref)
                 except ray.exceptions.RayError as e:  # the host's (lost, its fork server gone), not the config's
-                    self._lost(host, e)
+                    self._lost(host, e, explained=alone)
                     self.tries[task[3]] += 1
                     if alone:
                         yield CompileOutcome(task[3], Status.COMPILE_ERROR, f"the Ray compile host compiling this "
                                              f"config was lost {self.tries[task[3]]} times, the last one while it "
                                              f"compiled this config alone ({_cause(e)})", time.perf_counter() - t0)
-                    else:
-                        queue.appendleft(task)
+                    else:  # behind the configs not yet tried, so that it meets other neighbours next time
+                        queue.append(task)
                     continue
                 yield outcome
+
+    def _next(self, queue: deque, idle: bool) -> tuple | None:
+        """The next task for a host: the queue's first for an idle one; for a busy one the first that is not a
+        suspect (one of those runs alone), or ``None``."""
+        if idle or self.tries[queue[0][3]] < COMPILE_RETRIES:
+            return queue.popleft()
+        for i, task in enumerate(queue):
+            if self.tries[task[3]] < COMPILE_RETRIES:
+                del queue[i]
+                return task
+        return None
 
     def _none_left(self, untried: int) -> None:
         """Raise: no host is up or starting, and none can be started."""
@@ -882,35 +904,54 @@ class _HostPool:
         logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"], host.slots)
 
     def _gone(self, host: _Host, why: str, untried: int) -> None:
-        """``host`` will not come up: compile on the others, or raise when none is left."""
+        """``host`` will not come up: compile on the others (a host started in place of a lost one is started
+        again elsewhere, :meth:`_replace`), or raise when none is left."""
         host.up = False
         host.kill()
         self.losses.append(why)
+        logger.warning("a Ray compile host did not start (%s); compiling on the others", why)
+        if host.replaces:
+            self._replace(host, avoid=host.node)
         if all(h.up is False for h in self.hosts):
             self._none_left(untried)
-        logger.warning("a Ray compile host did not start (%s); compiling on the others", why)
 
-    def _lost(self, host: _Host, e: BaseException) -> None:
+    def _lost(self, host: _Host, e: BaseException, explained: bool = False) -> None:
         """``host`` failed a compile call: it is taken as lost (and killed, should it still run), and started
-        again (:meth:`_restart_node`)."""
+        again (:meth:`_replace`). ``explained``: it was compiling a suspect alone, which is convicted: that loss,
+        and the two it was in flight at before, are not charged to the node's restarts."""
         if host.up is not True:  # told already, by another of its compiles
             return
         host.up = False
         host.kill()
         self.losses.append(f"the host on node {host.node} was lost ({_cause(e)})")
-        node = self._restart_node(host.node)
+        if explained:
+            self.restarts[host.node] = max(0, self.restarts.get(host.node, 0) - 3)
+        node = self._replace(host)
         logger.warning("the Ray compile host on node %s was lost (%s); its compiles go to %s", host.node, _cause(e),
                        f"a host started again on node {node}" if node else "the other hosts")
-        if node is not None:
-            self.restarts[node] = self.restarts.get(node, 0) + 1
-            new = _start_host(self.ray, node, host.slots, self.preload, cpus=host.cpus)  # its CPUs were its own
-            new.actor.claim.remote()
-            self.hosts.append(new)
 
-    def _restart_node(self, lost: str) -> str | None:
+    def _replace(self, lost: _Host, avoid: str | None = None) -> str | None:
+        """Start a host in place of ``lost`` (:meth:`_restart_node`, not on ``avoid``): on its node with its slots
+        and the CPUs it had, elsewhere with at most that node's CPUs. The node, or ``None``."""
+        node = self._restart_node(lost.node, avoid)
+        if node is None:
+            return None
+        self.restarts[node] = self.restarts.get(node, 0) + 1
+        if node == lost.node:
+            new = _start_host(self.ray, node, lost.slots, self.preload, cpus=lost.cpus)  # its CPUs were its own
+        else:
+            cpus = {n["NodeID"]: int(n.get("Resources", {}).get("CPU", 0)) for n in self.ray.nodes()}
+            new = _start_host(self.ray, node, max(1, min(lost.slots, cpus.get(node, 1))), self.preload)
+        new.replaces = True
+        new.actor.claim.remote()
+        self.hosts.append(new)
+        return node
+
+    def _restart_node(self, lost: str, avoid: str | None = None) -> str | None:
         """Where to start a lost host again: its node while alive, else an alive node without a host of this
-        run up or starting (the most CPUs first), else ``None``; a node at most :data:`HOST_RESTARTS` times."""
-        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
+        run up or starting (the most CPUs first), else ``None``; a node at most :data:`HOST_RESTARTS` times
+        (a loss a convicted config explains is not counted), never ``avoid`` (where a replacement failed)."""
+        nodes = [n for n in self.ray.nodes() if n.get("Alive") and n["NodeID"] != avoid]
         held = {h.node for h in self.hosts if h.up is not False}
         order = [lost] + [n["NodeID"] for n in sorted(nodes, key=lambda n: -n.get("Resources", {}).get("CPU", 0))
                           if n["NodeID"] not in held]
