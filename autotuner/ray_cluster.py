@@ -269,18 +269,22 @@ class _Spare:
     spawned: float
     job: str  # the Ray session (:func:`_session`: this process's connection to Ray) it was created in
 
-    def alive(self) -> bool:
-        """Whether a job may take it: it belongs to this process's current Ray connection (an actor of an
-        earlier ``ray.init`` went with its ``ray.shutdown``). One that died is restarted by Ray (a measuring
-        actor) or found out by the job (a compile host)."""
+    def mine(self) -> bool:
+        """Whether it belongs to this process's current Ray connection (an actor of an earlier ``ray.init``
+        went with its ``ray.shutdown``, and must not be named to the new one)."""
         import ray
 
         return ray.is_initialized() and _session(ray) == self.job
 
+    def alive(self) -> bool:
+        """Whether a job may take it (:meth:`mine`). One that died is restarted by Ray (a measuring actor) or
+        found out by the job (a compile host)."""
+        return self.mine()
+
     def close(self) -> None:
         import ray
 
-        if ray.is_initialized() and _session(ray) == self.job:
+        if self.mine():
             ray.kill(self.actor, no_restart=True)
 
 
@@ -464,10 +468,8 @@ def _stop_fork_server() -> None:
     """Stop this process's fork server (its own way out, 3.8+; it also ends with this process)."""
     from multiprocessing import forkserver
 
-    stop = getattr(forkserver._forkserver, "_stop", None)
     with contextlib.suppress(Exception):
-        if stop is not None:
-            stop()
+        forkserver._forkserver._stop()
 
 
 def _noop() -> None:
@@ -532,7 +534,7 @@ class _Host(_Spare):
         directory first); a spare no job took."""
         import ray
 
-        if ray.is_initialized() and _session(ray) == self.job:
+        if self.mine():
             up = self.up is True or (self.up not in (None, False) and ray.wait([self.up], timeout=0)[0])
             if up:
                 self.actor.end.remote()
@@ -813,12 +815,13 @@ class _HostPool:
         for task in tasks:
             if id(task[0]) not in stored:
                 stored[id(task[0])] = tuple(ray.put(x) for x in task[:3])
-        queue, self.tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
+        self.queue, self.tries = deque(tasks), dict.fromkeys(range(len(tasks)), 0)
+        queue = self.queue
         while queue or self.running:
             for host in self.hosts:
                 while queue and host.up is True and not host.solo and host.busy < host.slots \
                         and len(self.running) < self.limit:
-                    task = self._next(queue, idle=not host.busy)
+                    task = self._next(idle=not host.busy)
                     if task is None:
                         break
                     if self.tries[task[3]] >= COMPILE_RETRIES:  # a suspect: alone on its host
@@ -828,13 +831,13 @@ class _HostPool:
                     host.busy += 1
             starting = {h.up: h for h in self.hosts if h.up is not True and h.up is not False}
             if not self.running and not starting:
-                self._none_left(len(queue))
+                self._none_left()
             done, _ = ray.wait([*self.running, *starting], num_returns=1, timeout=self._wait_s(starting))
             if not done:
-                self._check_starting(starting, len(queue))
+                self._check_starting(starting)
             for ref in done:
                 if ref in starting:
-                    self._started(starting[ref], len(queue))
+                    self._started(starting[ref])
                     continue
                 host, task, t0 = self.running.pop(ref)
                 alone = host.solo
@@ -854,9 +857,10 @@ class _HostPool:
                     continue
                 yield outcome
 
-    def _next(self, queue: deque, idle: bool) -> tuple | None:
+    def _next(self, idle: bool) -> tuple | None:
         """The next task for a host: the queue's first for an idle one; for a busy one the first that is not a
         suspect (one of those runs alone), or ``None``."""
+        queue = self.queue
         if idle or self.tries[queue[0][3]] < COMPILE_RETRIES:
             return queue.popleft()
         for i, task in enumerate(queue):
@@ -865,10 +869,10 @@ class _HostPool:
                 return task
         return None
 
-    def _none_left(self, untried: int) -> None:
+    def _none_left(self) -> None:
         """Raise: no host is up or starting, and none can be started."""
         raise RuntimeError(f"no Ray compile host is left for this run ({'; '.join(self.losses) or 'none started'}); "
-                           f"{untried} config(s) were not compiled. The trials recorded so far are kept: run "
+                           f"{len(self.queue)} config(s) were not compiled. The trials recorded so far are kept: run "
                            "again to resume from them")
 
     def _wait_s(self, starting: dict[Any, _Host]) -> float | None:
@@ -881,7 +885,7 @@ class _HostPool:
             marks.append(self.t0 + HOST_PENDING_LOG_S - time.monotonic())
         return max(0.05, min(marks))
 
-    def _check_starting(self, starting: dict[Any, _Host], untried: int) -> None:
+    def _check_starting(self, starting: dict[Any, _Host]) -> None:
         """Say once what the run waits for when no host is up yet; give up on a host past its start deadline."""
         if not self.told and not self.running and time.monotonic() - self.t0 >= HOST_PENDING_LOG_S:
             self.told = True
@@ -891,19 +895,19 @@ class _HostPool:
         for host in starting.values():
             if time.time() - host.spawned > HOST_START_TIMEOUT_S:
                 self._gone(host, f"the host on node {host.node} did not come up within {HOST_START_TIMEOUT_S:g} s "
-                                 "(the cluster's CPUs held by other work, or the node cannot start the actor)", untried)
+                                 "(the cluster's CPUs held by other work, or the node cannot start the actor)")
 
-    def _started(self, host: _Host, untried: int) -> None:
+    def _started(self, host: _Host) -> None:
         """``host``'s ready() answered: it is up, or it could not start."""
         try:
             info = self.ray.get(host.up)
         except self.ray.exceptions.RayError as e:
-            self._gone(host, f"the host on node {host.node} could not start: {_cause(e)}", untried)
+            self._gone(host, f"the host on node {host.node} could not start: {_cause(e)}")
             return
         host.up = True
         logger.debug("compile host on %s up in %.2f s (%d slots)", info["node"], info["up_s"], host.slots)
 
-    def _gone(self, host: _Host, why: str, untried: int) -> None:
+    def _gone(self, host: _Host, why: str) -> None:
         """``host`` will not come up: compile on the others (a host started in place of a lost one is started
         again elsewhere, :meth:`_replace`), or raise when none is left."""
         host.up = False
@@ -913,7 +917,7 @@ class _HostPool:
         if host.replaces:
             self._replace(host, avoid=host.node)
         if all(h.up is False for h in self.hosts):
-            self._none_left(untried)
+            self._none_left()
 
     def _lost(self, host: _Host, e: BaseException, explained: bool = False) -> None:
         """``host`` failed a compile call: it is taken as lost (and killed, should it still run), and started

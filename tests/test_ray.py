@@ -464,11 +464,11 @@ def test_a_config_that_brings_its_host_down_is_found_out_alone_and_the_others_co
 def test_a_suspect_runs_alone_and_the_configs_behind_it_go_to_busy_hosts():
     pool = ray_cluster._HostPool.__new__(ray_cluster._HostPool)
     pool.tries = {0: 2, 1: 0, 2: 2, 3: 1}
-    queue = ray_cluster.deque([(None,) * 3 + (i,) for i in range(4)])
-    assert pool._next(queue, idle=False)[3] == 1  # past the suspect at the head
-    assert pool._next(queue, idle=False)[3] == 3
-    assert pool._next(queue, idle=False) is None  # only suspects left: for idle hosts
-    assert pool._next(queue, idle=True)[3] == 0 and len(queue) == 1
+    queue = pool.queue = ray_cluster.deque([(None,) * 3 + (i,) for i in range(4)])
+    assert pool._next(idle=False)[3] == 1  # past the suspect at the head
+    assert pool._next(idle=False)[3] == 3
+    assert pool._next(idle=False) is None  # only suspects left: for idle hosts
+    assert pool._next(idle=True)[3] == 0 and len(queue) == 1
 
 
 def test_a_lost_host_is_started_again_on_its_node_while_alive_else_on_a_free_one():
