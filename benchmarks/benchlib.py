@@ -45,14 +45,15 @@ def error_text(e: BaseException) -> str:
 
 def compile_all(family: Any, problem: Any, configs: Sequence[Any], jobs: int,
                 out_idx: Sequence[int] = (-1,)) -> list[tuple[Any, Any, float, str | None]]:
-    """``(config, kernel or None, compile seconds, error or None)`` for each config, compiled for the
-    local GPU in ``jobs`` threads (nvcc runs in subprocesses, so threads overlap)."""
+    """``(config, kernel or None, compile seconds, error or None)`` for each config (with its own pass
+    configs), compiled for the local GPU in ``jobs`` threads (nvcc runs in subprocesses, so threads
+    overlap)."""
     from autotuner.compile import tl_compile
 
     def one(cfg: Any) -> tuple[Any, Any, float, str | None]:
         t = time.time()
         try:  # tl_compile: a split-K program's workspace is a scratch parameter, allocated per call
-            k = tl_compile(family.program(problem, cfg), "cuda", out_idx=list(out_idx))
+            k = tl_compile(family.program(problem, cfg), "cuda", dict(cfg.pass_configs) or None, out_idx=list(out_idx))
             return cfg, k, time.time() - t, None
         except Exception as e:  # a failing config is a result, recorded with its message
             return cfg, None, time.time() - t, error_text(e)
