@@ -12,6 +12,7 @@ from carver.arch import CUDA
 from carver.attention import AttentionTemplate, check_attention_config
 from templates import attention
 from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
+from templates.attention.fastmath import FAST_EXP2
 from templates.attention.space import PER_BLOCK, WS_TOP, ws_space
 from templates.protocol import CUDAUnavailableError, Template, TuneOptions
 
@@ -224,6 +225,20 @@ def test_template_protocol_and_no_gpu_path():
 
 
 # -------------------------------------------------------------------------------- nvcc: sm_90a, sm_80
+def assert_fast_softmax(src: str) -> None:
+    """The softmax's exponentials are the one-instruction ``ex2.approx.ftz`` (CUDA's ``exp2f`` adds a
+    denormal fix-up of three instructions per score), and O is normalised by one reciprocal per row, not
+    by a division per element: every division left divides the constant 1."""
+    assert "ex2.approx.ftz.f32" in src and src.count(f"{FAST_EXP2}(") >= 3 and "exp2f(" not in src
+    code = re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", src, flags=re.S))
+    ones = set(re.findall(r"(\w+) = 0x1p\+0f;", code))
+    numerators = re.findall(r"\((\w+)\.[xy]\s*/", code)
+    assert numerators, "no division at all: how is O normalised?"
+    for v in numerators:  # float2 v = make_float2(one, one);
+        m = re.search(rf"float2 {v} = make_float2\((\w+), \1\);", code)
+        assert m and m.group(1) in ones, f"{v} divides something other than 1"
+
+
 @pytest.mark.nvcc
 def test_compiles_for_sm90a_mha_tail():
     """MHA, dim 64, seq_len 1001 (no block divides it): TMA loads (zero-filled past the end), the -inf
@@ -232,6 +247,7 @@ def test_compiles_for_sm90a_mha_tail():
     src = k.get_kernel_source()
     assert "tma_load(K_desc" in src and "tma_load(V_desc" in src and "tma_store(Output_desc" in src
     assert "wgmma" in src and "-CUDART_INF_F" in src and "< 1001)" in src
+    assert_fast_softmax(src)
 
 
 @pytest.mark.nvcc
@@ -241,6 +257,7 @@ def test_compiles_for_sm90a_gqa_causal_bf16():
     src = k.get_kernel_source()
     assert "kBFloat16" in src and "wgmma" in src and "tma_load(K_desc" in src
     assert "((int)blockIdx.y) >> 2)" in src  # query head h reads KV head h // 4
+    assert_fast_softmax(src)
 
 
 @pytest.mark.nvcc
@@ -250,6 +267,7 @@ def test_compiles_for_sm80_causal():
     src = k.get_kernel_source()
     assert "tl::mma_sync" in src and "tl::wgmma" not in src and "cp_async_gs_conditional" in src
     assert re.search(r"< 1001\)+ \{\s*\*\(uint4\*\)\(Output \+", src), "the O store is not guarded"
+    assert_fast_softmax(src)
 
 
 # -------------------------------------------------------------------------------- on a GPU

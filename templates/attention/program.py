@@ -2,11 +2,11 @@
 
 One CTA owns ``block_M`` query rows of one (batch, query head) and walks the keys in steps of
 ``block_N``: ``S = Q K^T`` (tensor cores, fp32), the running row max and sum (exp2 with the scale
-folded in), ``O = O * rescale + P V``; at the end ``O / rowsum`` is stored in the input dtype. This is
-TileLang's ``examples/flash_attention/example_gqa_fwd_bshd.py``. (The explicit per-statement
-``T.Pipelined(order=, stage=)`` schedule of its ``example_gqa_fwd_bshd_wgmma_pipelined.py`` was tried as
-an ``overlap`` knob and removed: written for TileLang 0.1.15 it gave wrong results on every shape
-measured on an H200, docs/attention.md.)
+folded in, one instruction each: ``fastmath.py``), ``O = O * rescale + P V``; at the end ``O * (1 / rowsum)``
+is stored in the input dtype. This is TileLang's ``examples/flash_attention/example_gqa_fwd_bshd.py``.
+(The explicit per-statement ``T.Pipelined(order=, stage=)`` schedule of its
+``example_gqa_fwd_bshd_wgmma_pipelined.py`` was tried as an ``overlap`` knob and removed: written for
+TileLang 0.1.15 it gave wrong results on every shape measured on an H200, docs/attention.md.)
 
 Sequence lengths that are not multiples of the blocks:
 
@@ -24,6 +24,7 @@ Causal: the loop stops at the last key block the CTA's last query row can see.
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations.
 from typing import TYPE_CHECKING, Any
 
+from . import fastmath
 from .config import AttentionConfig, AttentionProblem, make_problem
 from .ws_program import ws_program
 
@@ -63,6 +64,7 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
              Output: T.Tensor(q_shape, dtype)):
         with T.Kernel(T.ceildiv(S, block_M), H, B, threads=config.threads) as (bx, by, bz):
+            fastmath.declare()
             Q_shared = T.alloc_shared((block_M, D), dtype)
             K_shared = T.alloc_shared((block_N, D), dtype)
             V_shared = T.alloc_shared((block_N, D), dtype)
@@ -99,9 +101,9 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
                 for i in T.Parallel(block_M):
                     scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
                 for i in T.Parallel(block_M):
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
+                    scores_scale[i] = fastmath.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
                 for i, j in T.Parallel(block_M, block_N):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
+                    acc_s[i, j] = fastmath.exp2(acc_s[i, j] * scale - scores_max[i] * scale)
                 T.reduce_sum(acc_s, scores_sum, dim=1)
                 for i in T.Parallel(block_M):
                     logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
@@ -112,8 +114,10 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
                 T.copy(V[bz, k * block_N:(k + 1) * block_N, by // groups, :], V_shared)
                 T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
+            for i in T.Parallel(block_M):
+                scores_sum[i] = 1.0 / logsum[i]  # one division per row, not per element
             for i, j in T.Parallel(block_M, D):
-                acc_o[i, j] /= logsum[i]
+                acc_o[i, j] *= scores_sum[i]
             T.copy(acc_o, O_shared)
             T.copy(O_shared, Output[bz, bx * block_M:(bx + 1) * block_M, by, :])
 
