@@ -155,6 +155,24 @@ class Bench:
             fn()
             return fn, "K/V repeated to every query head (backend refuses enable_gqa)"
 
+    def race_with_sdpa(self, calls: dict[str, Any], q: Any, k: Any, v: Any, causal: bool) -> dict[str, Any]:
+        """``calls`` (name -> zero-argument call) and the flash and cuDNN SDPA backends in ``rounds``
+        interleaved rounds: medians (``ms``), every round's times and how each backend was called."""
+        calls = dict(calls)
+        notes = {}
+        for name, backend in self.sdpa_backends().items():
+            if name == "efficient":
+                continue
+            try:
+                calls[name], notes[name] = self.sdpa_call(backend, q, k, v, causal)
+            except RuntimeError as e:
+                notes[name] = f"unavailable: {str(e)[:200]}"
+        times: dict[str, list[float]] = {n: [] for n in calls}
+        for _ in range(self.args.rounds):
+            for n, fn in calls.items():
+                times[n].append(self.clock.time(fn))
+        return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+
     def versus_torch(self, shapes: list[Shape]) -> list[dict[str, Any]]:
         from templates.attention import ATTENTION
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from attention import TORCH, Bench, label, parse_shape  # noqa: E402
-from benchlib import compile_all, config_id, dump, geomean, log, measure_configs, median  # noqa: E402
+from benchlib import compile_all, config_id, dump, geomean, log, measure_configs  # noqa: E402
 
 
 def check_in_child(args: argparse.Namespace, shape: tuple) -> list[dict[str, Any]]:
@@ -83,20 +83,7 @@ def race(b: Bench, shape: tuple, best: dict[str, dict | None], kernels: dict, qk
     medians in ms."""
     q, k, v = qkv
     impls = {name: kernels[config_id(row["config"])] for name, row in best.items() if row}
-    calls = {n: (lambda kern=kern: kern(q, k, v)) for n, kern in impls.items()}
-    notes = {}
-    for name, backend in b.sdpa_backends().items():
-        if name == "efficient":
-            continue
-        try:
-            calls[name], notes[name] = b.sdpa_call(backend, q, k, v, shape[5])
-        except RuntimeError as e:
-            notes[name] = f"unavailable: {str(e)[:200]}"
-    times: dict[str, list[float]] = {n: [] for n in calls}
-    for _ in range(b.args.rounds):
-        for n, fn in calls.items():
-            times[n].append(b.clock.time(fn))
-    return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+    return b.race_with_sdpa({n: (lambda kern=kern: kern(q, k, v)) for n, kern in impls.items()}, q, k, v, shape[5])
 
 
 #: What the race times beside the SDPA backends: the best measured config of each kind.
