@@ -15,7 +15,9 @@ each range was). ``--clock-control none`` leaves the GPU's clocks alone, as the 
 Kernels (``--what``): ``attn``: 8 x 1k tokens, GQA 32/8, d128, fp16, not causal: the persistent ws loop
 (128x128, 2 stages, one CTA per SM), its one-tile form, and cuDNN's SDPA; ``gemm``: 8192^3 fp16, A (M, K)
 and B (N, K): the tuned ws form (128x256x64, 4 stages, C on the ring), TileLang's pipelined loop of the
-same tile, and cuBLAS (``A @ B.T``).
+same tile, and cuBLAS (``A @ B.T``); ``gemv``: M = 4 rows against the 4096x4096 fp16 weight (32 MB): the
+tuner's cp.async, TMA and SIMT candidates there, cuBLAS, and a device-to-device copy of the weight (ncu
+flushes the caches before each profiled launch, so each reads from HBM).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ GEMM_TILE = {"block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 4, "th
              "enable_rasterization": True}
 GEMM_WS = {**GEMM_TILE, "warp_policy": "full_row", "variant": "ws",
            "pass_configs": {"tl.enable_aggressive_shared_memory_merge": True}}
+GEMV_SHAPE = (4, 4096, 4096)  # M, N, K: the 32 MB weight of issue 10's missed bandwidth target
+GEMV_CONFIGS = {  # the tuner's candidates there (H200): cp.async twins, the TMA mma top-1, the SIMT top-1
+    "gemv_async_32x128_s8": {"block_N": 32, "block_K": 128, "thread_num": 128, "path": "mma", "num_stages": 8,
+                             "tma": False},
+    "gemv_async_32x256_s4": {"block_N": 32, "block_K": 256, "thread_num": 128, "path": "mma", "num_stages": 4,
+                             "tma": False},
+    "gemv_tma_32x512_s4": {"block_N": 32, "block_K": 512, "thread_num": 128, "path": "mma", "num_stages": 4},
+    "gemv_simt_16x2048": {"block_N": 16, "block_K": 2048, "thread_num": 512},
+}
 
 
 def attention_calls(sms: int) -> dict[str, Callable[[], Any]]:
@@ -80,9 +91,28 @@ def gemm_calls() -> dict[str, Callable[[], Any]]:
     return calls
 
 
+def gemv_calls() -> dict[str, Callable[[], Any]]:
+    import torch
+
+    from templates import gemv
+
+    m, n, k = GEMV_SHAPE
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g).half()
+    w = torch.randn(n, k, device="cuda", generator=g).half()
+    dst = torch.empty_like(w)
+    calls = {}
+    for name, cfg in GEMV_CONFIGS.items():
+        kern = gemv.compile(m, n, k, cfg)
+        calls[name] = lambda kern=kern: kern(x, w)
+    calls["gemv_cublas"] = lambda: x @ w.T
+    calls["copy_32mb"] = lambda: dst.copy_(w)
+    return calls
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--what", default="attn,gemm", help="comma-separated: attn, gemm")
+    p.add_argument("--what", default="attn,gemm", help="comma-separated: attn, gemm, gemv")
     p.add_argument("--list", type=Path, required=True, help="where to write the profiled calls' names, in order")
     p.add_argument("--warmup", type=int, default=5)
     args = p.parse_args(argv)
@@ -91,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     calls: dict[str, Callable[[], Any]] = {}
     for what in args.what.split(","):
-        calls.update({"attn": lambda: attention_calls(sms), "gemm": gemm_calls}[what]())
+        calls.update({"attn": lambda: attention_calls(sms), "gemm": gemm_calls, "gemv": gemv_calls}[what]())
     for fn in calls.values():
         for _ in range(args.warmup):
             fn()

@@ -87,7 +87,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     persistent = min(config.persistent, tiles)
     # Q buffers: persistent, two, so the next tile's Q loads while this tile's last steps still read its own
     # (with one, its load waited for this tile's last Q K^T and the consumers waited for it at the next
-    # tile's start: Nsight Compute, H200, 2026-11-29, 7.6% of the consumers' stall samples at 8 x 1k)
+    # tile's start: Nsight Compute, H200, 2026-11-29, 7.6% of the consumers' stall samples at 8 x 1k; with
+    # two they wait as long for the next turn instead, docs/attention.md)
     qbufs = 2 if persistent else 1
     turn0, turn1 = TURN_BARRIERS
 
