@@ -218,11 +218,10 @@ def _warp_specialized(c: Mapping[str, Any], arch: GPUArch) -> bool:
 
 def _smem_bytes(problem: AttentionProblem, c: Mapping[str, Any]) -> int:
     """Q tile plus K and V tiles per stage, rounded to 1 KB, plus barriers. O reuses Q's tile in the
-    T.Pipelined loop; in the ws variant both live in the consumer branch, so O's tile sits beside, and the
-    persistent form has a second Q tile (the next tile's Q loads while this one's is still read)."""
+    T.Pipelined loop; in the ws variant both live in the consumer branch, so O's tile sits beside."""
     b, D = problem.elem_bytes, problem.dim
     stages = max(c["num_stages"], 1)
-    tiles = (3 if c.get("persistent") else 2) if c["variant"] == "ws" else 1
+    tiles = 2 if c["variant"] == "ws" else 1
     dyn = tiles * c["block_M"] * D * b + stages * 2 * c["block_N"] * D * b
     return -(-dyn // 1024) * 1024 + 16 * stages + 64
 
@@ -298,8 +297,7 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
                    f"tirx.Sub to ir.IntImm'); use num_stages=1")
     smem = _smem_bytes(problem, c)
     if smem > arch.smem_per_block:
-        tiles = ("two Q tiles and O's" if c.get("persistent") else "Q and O") if c["variant"] == "ws" else "Q"
-        out.append(f"needs {smem // 1024} KB of shared memory per CTA ({tiles} {bm}x{problem.dim}, K and V {bn}x"
+        out.append(f"needs {smem // 1024} KB of shared memory per CTA (Q {bm}x{problem.dim}, K and V {bn}x"
                    f"{problem.dim} x {max(c['num_stages'], 1)} stages), over "
                    f"the {arch.smem_per_block // 1024} KB {arch.name} allows; use fewer num_stages or a smaller "
                    f"block_N")

@@ -29,11 +29,10 @@ The last step's ``P V`` is issued outside the turns.
 
 **Persistent form** (``persistent = n > 0``): ``n`` resident CTAs (the SM count) walk the ``B * H *
 ceil(S / block_M)`` tiles in the order of ``tile_of`` (most work first, dealt in a snake). The ring's stages
-and phases run on across a CTA's tiles (``base`` counts the ring iterations of its earlier ones); Q has two
-buffers, taken in turn, each with an empty barrier that the consumers release once every ``Q K^T`` of its tile
-has completed, so the producer loads the next tile's Q (as soon as its last K and V of this tile are issued),
-K and V while the consumers finish this one; warpgroup 1 hands its last turn to warpgroup 0's next tile. O
-leaves through the staging tile as in the one-tile form.
+and phases run on across a CTA's tiles (``base`` counts the ring iterations of its earlier ones); Q gets an
+empty barrier, released once every ``Q K^T`` of the tile has completed, so the producer loads the next
+tile's Q, K and V while the consumers finish this one; warpgroup 1 hands its last turn to warpgroup 0's next
+tile. O leaves through the staging tile as in the one-tile form.
 
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
@@ -85,11 +84,6 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     tiles = B * H * nq
     # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
     persistent = min(config.persistent, tiles)
-    # Q buffers: persistent, two, so the next tile's Q loads while this tile's last steps still read its own
-    # (with one, its load waited for this tile's last Q K^T and the consumers waited for it at the next
-    # tile's start: Nsight Compute, H200, 2026-11-29, 7.6% of the consumers' stall samples at 8 x 1k; with
-    # two they wait as long for the next turn instead, docs/attention.md)
-    qbufs = 2 if persistent else 1
     turn0, turn1 = TURN_BARRIERS
 
     @T.macro
@@ -145,13 +139,12 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     @T.macro
     def produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty, bx, by, bz, steps,
                 base, j):
-        """Producer, one tile: Q once, into buffer ``j % qbufs`` (persistent: after the consumers of tile
-        ``j - 2`` are done with it), then K and V for ring iterations ``base`` to ``base + steps - 1``."""
-        qb, qph = j % qbufs, (j // qbufs) & 1
+        """Producer, one tile: Q once (after the previous tile's consumers are done with it), then K and V
+        for ring iterations ``base`` to ``base + steps - 1``."""
         if persistent:
-            T.mbarrier_wait_parity(q_bar[qbufs + qb], qph ^ 1)
-        T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s[qb, :, :], barrier=q_bar[qb])
-        T.mbarrier_arrive(q_bar[qb])
+            T.mbarrier_wait_parity(q_bar[1], (j & 1) ^ 1)
+        T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s, barrier=q_bar[0])
+        T.mbarrier_arrive(q_bar[0])
         for k in T.serial(steps):
             s, ph = (base + k) % st, ((base + k) // st) & 1
             T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
@@ -170,13 +163,12 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         T.fill(acc_o, 0)
         T.fill(logsum, 0)
         T.fill(scores_max, -T.infinity(accum))
-        qb = j % qbufs
-        T.mbarrier_wait_parity(q_bar[qb], (j // qbufs) & 1)
+        T.mbarrier_wait_parity(q_bar[0], j & 1)
         # step 0: Q K_0^T alone
         s0 = base % st
         T.mbarrier_wait_parity(k_full[s0], (base // st) & 1)
         wait_turn(wg)
-        T.wgmma_gemm(Q_s[qb, :, :], K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
+        T.wgmma_gemm(Q_s, K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
                      policy=T.GemmWarpPolicy.FullRow)
         pass_turn(wg, either(steps > 1, more))
         T.wait_wgmma(0)
@@ -193,7 +185,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
             T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
             wait_turn(wg)
-            T.wgmma_gemm(Q_s[qb, :, :], K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
+            T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
                          policy=T.GemmWarpPolicy.FullRow)
             T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
             pass_turn(wg, either(k < steps - 1, more))
@@ -208,7 +200,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             release(v_empty, sp, tx)
             T.copy(acc_s, acc_p)
         if persistent:
-            release(q_bar, qbufs + qb, tx)  # every Q K^T of the tile has completed: its Q buffer is free
+            release(q_bar, 1, tx)  # every Q K^T of the tile has completed: the producer may load the next Q
         # the last step's P V, outside the turns
         sl = (base + steps - 1) % st
         for i, j2 in T.Parallel(bm, D):
@@ -259,7 +251,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
              Output: T.Tensor(q_shape, dtype)):
         with T.Kernel(*grid, threads=ct + WS_PRODUCER_THREADS) as ids:
             fastmath.declare()
-            Q_s = T.alloc_shared((qbufs, bm, D), dtype)
+            Q_s = T.alloc_shared((bm, D), dtype)
             K_s = T.alloc_shared((st, bn, D), dtype)
             V_s = T.alloc_shared((st, bn, D), dtype)
             O_s = T.alloc_shared((bm, D), dtype)
@@ -271,8 +263,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             scores_scale = T.alloc_fragment((bm,), accum)
             scores_sum = T.alloc_fragment((bm,), accum)
             logsum = T.alloc_fragment((bm,), accum)
-            # Q's full barriers, one per buffer, then (persistent) their empty ones: the one-tile form loads Q once
-            q_bar = T.alloc_barrier([WS_PRODUCER_THREADS] * qbufs + [cwarps] * (qbufs if persistent else 0))
+            # Q's full barrier, and (persistent) its empty one: the one-tile form loads Q once
+            q_bar = T.alloc_barrier([WS_PRODUCER_THREADS] + [cwarps] * (persistent > 0))
             k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
             v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
             k_empty = T.alloc_barrier([cwarps] * st)
