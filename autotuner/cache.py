@@ -280,8 +280,11 @@ def finished_under(path: Path | str | None, pre: str) -> bool:
 
 
 def prim_hash(func: Any) -> str:
-    """SHA-256 of a PrimFunc's TVMScript: what a config actually elaborates to (shapes, dtypes, body)."""
-    return hashlib.sha256(func.script().encode()).hexdigest()
+    """SHA-256 of a PrimFunc's TVMScript with its metadata: what a config actually elaborates to (shapes,
+    dtypes, body, and what the body refers to there, such as device code put in with ``T.import_source``,
+    which the plain script names only as ``metadata["ffi.String"][0]``). A PrimFunc without metadata prints
+    the same either way, so its hash is what it was before metadata counted."""
+    return hashlib.sha256(func.script(show_meta=True).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1102,3 +1102,24 @@ def test_the_served_check_takes_an_int_out_idx_honours_skip_check_and_remembers_
     monkeypatch.setattr(keyed, "capturing", lambda: True)
     torch.testing.assert_close(right(A, A), 3 * A)  # and served in a capture from then on
     assert right.stats["served checks"] == 1 and right.stats["compiles"] == 1
+
+
+def test_device_code_put_in_with_import_source_is_part_of_the_primfunc_hash():
+    """A stored winner is served warm only while the config elaborates to the same PrimFunc (its hash). Device
+    code put in with ``T.import_source`` (the attention programs' exponential) is in the PrimFunc's metadata
+    only: an edit to it must change the hash, so the winner is checked again rather than served. A PrimFunc
+    without metadata hashes as before, so stored rows keep matching."""
+    import hashlib
+
+    from kernels.c_kernels import add, copy_with_device_source
+
+    from autotuner.cache import prim_hash
+    from templates.attention import fastmath
+
+    real = fastmath.SOURCE  # long enough that the script names it only by its metadata index
+    one, two = (copy_with_device_source(s) for s in (real, real.replace(".ftz", "")))
+    assert one.script() == two.script()  # what the hash used to see
+    again = copy_with_device_source(real)
+    assert prim_hash(one) != prim_hash(two) and prim_hash(again) == prim_hash(one)
+    plain = add(block_M=64)
+    assert prim_hash(plain) == hashlib.sha256(plain.script().encode()).hexdigest()

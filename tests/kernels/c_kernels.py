@@ -159,3 +159,17 @@ def add_hanging(block_M: int = 32, block_N: int = 32, thread_num: int = 1, pidfi
         while True:
             time.sleep(0.1)
     return add(block_M, block_N, thread_num)
+
+
+def copy_with_device_source(source: str = "// none"):
+    """A copy whose kernel carries ``source`` through ``T.import_source`` (as the attention programs carry
+    their fast exponential): only the PrimFunc's metadata holds the text."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M,), "float32"), B: T.Tensor((M,), "float32")):
+        with T.Kernel(1, threads=1):
+            T.import_source(source)
+            for i in T.serial(M):
+                B[i] = A[i]
+
+    return main
