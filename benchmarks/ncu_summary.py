@@ -4,6 +4,12 @@ SM clock, cycles, tensor-pipe activity, instructions and stall reasons; then, pe
 by how often each instruction ran (the loop body of a kernel is the group run most often: its instructions
 per warp per trip, by opcode), and its instructions with the most stall samples.
 
+Each row is named ``label [ncu's kernel name]``. The labels are ``kernels.json``'s ``kernels`` (one per
+profiled kernel, where someone has matched them) or else its ``calls`` in launch order, which name the
+kernels only where every call launched exactly one: a copy launches none that ncu profiles (a memcpy), and
+cuBLAS may launch two (a split-K product and its reduction). Where the counts differ the rows are labelled
+``?``; the bracketed name always says which kernel a row is.
+
     python3 benchmarks/ncu_summary.py benchmarks/data/attention-fastexp-2026-11-29-h200/ncu-before
 """
 
@@ -35,18 +41,40 @@ def _read(path: Path) -> str:
     raise FileNotFoundError(path)
 
 
+#: Each metric in the unit the table prints (us, GHz), whatever unit ncu chose for it.
+_UNITS = {"gpu__time_duration.sum": {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3,
+                                     "msecond": 1e3, "s": 1e6, "second": 1e6},
+          "sm__cycles_elapsed.avg.per_second": {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "ghz": 1.0, "cycle/second": 1e-9,
+                                                "cycle/usecond": 1e-3, "cycle/nsecond": 1.0}}
+
+
 def raw_rows(folder: Path) -> list[dict[str, str]]:
-    """One dict per kernel; a time is in microseconds whatever unit ncu chose for it."""
+    """One dict per kernel; times in microseconds and clocks in GHz whatever units ncu chose for them."""
     rows = list(csv.reader(io.StringIO(_read(folder / "raw.csv"))))
     units = dict(zip(rows[0], rows[1]))
-    scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
     out = []
     for r in rows[2:]:
         d = dict(zip(rows[0], r))
-        t = "gpu__time_duration.sum"
-        d[t] = str(float(d[t].replace(",", "")) * scale.get(units.get(t, "us"), 1.0))
+        for metric, scale in _UNITS.items():
+            unit = units.get(metric, "").strip().lower()
+            if metric in d and d[metric]:
+                if unit not in scale:
+                    raise ValueError(f"{metric} is in {unit!r}, which this script cannot convert; add it to _UNITS")
+                d[metric] = str(_num(d[metric]) * scale[unit])
         out.append(d)
     return out
+
+
+def labels(folder: Path, n_kernels: int) -> list[str]:
+    """A label per profiled kernel (module docstring): ``kernels`` if given, ``calls`` if they are as many as
+    the kernels, else ``?``."""
+    listed = json.loads((folder / "kernels.json").read_text())
+    names = listed.get("kernels") or listed["calls"]
+    return names if len(names) == n_kernels else ["?"] * n_kernels
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("void ").split("<")[0].split("(")[0][:48]
 
 
 def source_kernels(folder: Path) -> list[dict[str, Any]]:
@@ -73,9 +101,9 @@ def _opcode(sass: str) -> str:
 
 
 def summarize(folder: Path, groups: int = 3, top: int = 12) -> str:
-    names = json.loads((folder / "kernels.json").read_text())["calls"]
     lines = []
     raw = raw_rows(folder)
+    names = [f"{label} [{_short(r.get('Kernel Name', ''))}]" for label, r in zip(labels(folder, len(raw)), raw)]
     lines.append("| kernel | " + " | ".join(METRICS) + " | cycles (k) | "
                  + " | ".join(f"stall {s}" for s in STALLS) + " |")
     lines.append("|---" * (len(METRICS) + len(STALLS) + 2) + "|")
