@@ -167,11 +167,17 @@ class Bench:
                 calls[name], notes[name] = self.sdpa_call(backend, q, k, v, causal)
             except RuntimeError as e:
                 notes[name] = f"unavailable: {str(e)[:200]}"
+        times = self.interleaved(calls)
+        return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+
+    def interleaved(self, calls: dict[str, Any]) -> dict[str, list[float]]:
+        """Each call's time (ms) in each of ``rounds`` rounds, every call once per round, so that clock drift
+        hits every implementation alike."""
         times: dict[str, list[float]] = {n: [] for n in calls}
         for _ in range(self.args.rounds):
             for n, fn in calls.items():
                 times[n].append(self.clock.time(fn))
-        return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
+        return times
 
     def versus_torch(self, shapes: list[Shape]) -> list[dict[str, Any]]:
         from templates.attention import ATTENTION
@@ -205,10 +211,7 @@ class Bench:
                     impls[bname], notes[bname] = fn, note + (f" max|err| {err:.3g}" if err > 2e-2 else "")
                 except Exception as e:  # a backend torch cannot run here is reported, not fatal
                     notes[bname] = f"unavailable: {error_text(e)[:200]}"
-            times: dict[str, list[float]] = {n: [] for n in impls}
-            for _ in range(self.args.rounds):  # interleaved, so clock drift hits every implementation alike
-                for n, fn in impls.items():
-                    times[n].append(self.clock.time(fn))
+            times = self.interleaved(impls)
             med = {n: median(ts) for n, ts in times.items()}
             torch_best = min((m, n) for n, m in med.items() if n != "ours") if len(med) > 1 else (None, None)
             row = {"shape": name, "problem": list(shape), "dtype": self.args.dtype, "config": best["config"],

@@ -52,20 +52,31 @@ GEMV_CONFIGS = {  # the tuner's candidates there (H200): cp.async twins, the TMA
 }
 
 
-def attention_calls(sms: int) -> dict[str, Callable[[], Any]]:
+def _randn(*shapes: tuple[int, ...]) -> list[Any]:
+    """fp16 inputs of these shapes on the GPU, from one seeded generator."""
     import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(*shape, device="cuda", generator=g).half() for shape in shapes]
+
+
+def _ours(build: Callable[[dict[str, Any]], Any], configs: dict[str, dict[str, Any]],
+          *inputs: Any) -> dict[str, Callable[[], Any]]:
+    """name -> a call, on ``inputs``, of the kernel ``build`` compiles for that name's config."""
+    kernels = {name: build(cfg) for name, cfg in configs.items()}
+    return {name: (lambda kern=kern: kern(*inputs)) for name, kern in kernels.items()}
+
+
+def attention_calls(sms: int) -> dict[str, Callable[[], Any]]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from templates import attention
 
     b, h, hkv, s, d, causal = ATTN_SHAPE
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, s, n, d, device="cuda", generator=g).half() for n in (h, hkv, hkv))
-    calls = {}
-    for name, cfg in (("attn_ws_persistent", {**WS_ATTN, "persistent": sms}), ("attn_ws_one_tile", WS_ATTN)):
-        kern = attention.compile(b, h, s, d, kv_heads=hkv, causal=causal, config=cfg)
-        calls[name] = lambda kern=kern: kern(q, k, v)
+    q, k, v = _randn(*((b, s, n, d) for n in (h, hkv, hkv)))
+    calls = _ours(lambda cfg: attention.compile(b, h, s, d, kv_heads=hkv, causal=causal, config=cfg),
+                  {"attn_ws_persistent": {**WS_ATTN, "persistent": sms}, "attn_ws_one_tile": WS_ATTN}, q, k, v)
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
 
     def cudnn() -> Any:
@@ -77,35 +88,22 @@ def attention_calls(sms: int) -> dict[str, Callable[[], Any]]:
 
 
 def gemm_calls() -> dict[str, Callable[[], Any]]:
-    import torch
-
     from templates import matmul
 
     m, n, k = GEMM_SHAPE
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(m, k, device="cuda", generator=g).half()
-    bt = torch.randn(n, k, device="cuda", generator=g).half()
-    calls = {}
-    for name, cfg in (("gemm_ws_ring", GEMM_WS), ("gemm_pipelined", GEMM_TILE)):
-        kern = matmul.compile(m, n, k, cfg)
-        calls[name] = lambda kern=kern: kern(a, bt)
+    a, bt = _randn((m, k), (n, k))
+    calls = _ours(lambda cfg: matmul.compile(m, n, k, cfg), {"gemm_ws_ring": GEMM_WS, "gemm_pipelined": GEMM_TILE},
+                  a, bt)
     calls["gemm_cublas"] = lambda: a @ bt.T
     return calls
 
 
 def gemv_calls() -> dict[str, Callable[[], Any]]:
-    import torch
-
     from templates import gemv
 
     m, n, k = GEMV_SHAPE
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(m, k, device="cuda", generator=g).half()
-    w = torch.randn(n, k, device="cuda", generator=g).half()
-    calls = {}
-    for name, cfg in GEMV_CONFIGS.items():
-        kern = gemv.compile(m, n, k, cfg)
-        calls[name] = lambda kern=kern: kern(x, w)
+    x, w = _randn((m, k), (n, k))
+    calls = _ours(lambda cfg: gemv.compile(m, n, k, cfg), GEMV_CONFIGS, x, w)
     calls["gemv_cublas"] = lambda: x @ w.T  # a split-K product and its reduction: two kernels
     return calls
 
