@@ -62,12 +62,15 @@ def test_ws_rules_name_the_value_and_the_fix():
 def test_ws_space_and_candidates(shape):
     p = AttentionProblem(**shape)
     grid = ws_space(p)
-    assert len(grid) == 4 and {c.block_N for c in grid} == {64, 128} and {c.variant for c in grid} == {"ws"}
+    assert len(grid) == 6 and {c.block_N for c in grid} == {64, 128, 160} and {c.variant for c in grid} == {"ws"}
     assert {c.num_stages for c in grid} == {2, 3}  # one stage: measured slower than its plain twin
     h100 = CUDA("H100")
     # with a GPU, each config's persistent twin (one CTA per SM) where there is more than one wave of tiles
     on_h100 = ws_space(p, h100)
-    assert on_h100[:4] == grid and on_h100[4:] == [dataclasses.replace(c, persistent=132) for c in grid]
+    assert on_h100[:6] == grid and on_h100[6:] == [dataclasses.replace(c, persistent=132) for c in grid]
+    # 160 keys in three stages: Q, O and the ring fit in 227 KB at d64 only
+    deep = [c for c in grid if (c.block_N, c.num_stages) == (160, 3)]
+    assert [bool(ATTENTION.check(p, c, h100)) for c in deep] == [p.dim == 128]
     plain = ATTENTION.candidates(p, h100, 8, variants=False)
     both = ATTENTION.candidates(p, h100, 8)
     legal = [c for c in on_h100 if not ATTENTION.check(p, c, h100)]
@@ -234,9 +237,10 @@ def test_ws_matches_the_fp32_reference(shape):
     K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
     ref = attention.ref_program(Q, K, V, causal=p.causal).float()
     # persistent: one CTA per SM; 5 CTAs, each walking many tiles (the ring's phases run on across tiles of
-    # different lengths when causal); a single CTA walking every tile; one stage (each tile drains the ring)
+    # different lengths when causal); a single CTA walking every tile; one stage (each tile drains the ring);
+    # 160 keys a step (the largest ring of two stages beside Q and O in 227 KB at d128)
     configs = (ws(128, 2), ws(64, 1), ws(64, 3), ws(128, 2, persistent=132), ws(64, 3, persistent=5),
-               ws(128, 2, persistent=1), ws(64, 1, persistent=132))
+               ws(128, 2, persistent=1), ws(64, 1, persistent=132), ws(160, 2), ws(160, 2, persistent=132))
     with ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs in subprocesses: the compiles overlap
         kernels = list(pool.map(lambda c: ATTENTION.compile(p, c), configs))
     for c, kern in zip(configs, kernels):
