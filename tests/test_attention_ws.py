@@ -62,15 +62,14 @@ def test_ws_rules_name_the_value_and_the_fix():
 def test_ws_space_and_candidates(shape):
     p = AttentionProblem(**shape)
     grid = ws_space(p)
-    assert len(grid) == 6 and {c.block_N for c in grid} == {64, 128, 160} and {c.variant for c in grid} == {"ws"}
+    assert len(grid) == 5 and {c.block_N for c in grid} == {64, 128, 160} and {c.variant for c in grid} == {"ws"}
     assert {c.num_stages for c in grid} == {2, 3}  # one stage: measured slower than its plain twin
+    # 160 keys in two stages only: in three (legal at d64) it never ran
+    assert [c.num_stages for c in grid if c.block_N == 160] == [2]
     h100 = CUDA("H100")
     # with a GPU, each config's persistent twin (one CTA per SM) where there is more than one wave of tiles
     on_h100 = ws_space(p, h100)
-    assert on_h100[:6] == grid and on_h100[6:] == [dataclasses.replace(c, persistent=132) for c in grid]
-    # 160 keys in three stages: Q, O and the ring fit in 227 KB at d64 only
-    deep = [c for c in grid if (c.block_N, c.num_stages) == (160, 3)]
-    assert [bool(ATTENTION.check(p, c, h100)) for c in deep] == [p.dim == 128]
+    assert on_h100[:5] == grid and on_h100[5:] == [dataclasses.replace(c, persistent=132) for c in grid]
     plain = ATTENTION.candidates(p, h100, 8, variants=False)
     both = ATTENTION.candidates(p, h100, 8)
     legal = [c for c in on_h100 if not ATTENTION.check(p, c, h100)]
@@ -161,6 +160,9 @@ NVCC_CASES = {
                                          ws(128, 2, persistent=132)),
     "persistent-mha-full-d64-bf16-s1001-bn64-3stages": (dict(batch=2, heads=4, seq_len=1001, dim=64,
                                                              dtype="bfloat16"), ws(64, 3, persistent=7)),
+    # 160 keys: 184 fragment registers a thread, the rules' limit, and 224 KB of shared memory
+    "persistent-gqa-full-d128-s4096-bn160": (dict(batch=1, heads=32, seq_len=4096, dim=128, kv_heads=8),
+                                             ws(160, 2, persistent=132)),
 }
 
 
