@@ -52,7 +52,8 @@ def test_ws_rules_name_the_value_and_the_fix():
     why = ATTENTION.check(p, ws(), a100)
     assert any("needs Hopper" in w and "sm_80" in w and "variant='pipelined'" in w for w in why)
     # O's tile sits beside Q's: 32 + 32 KB plus 3 x 64 KB of K and V is over the 227 KB of an H100
-    assert any("KB of shared memory" in w for w in ATTENTION.check(p, ws(128, 3), h100))
+    (why,) = [w for w in ATTENTION.check(p, ws(128, 3), h100) if "KB of shared memory" in w]
+    assert why.startswith("needs 256 KB") and "O's staging tile 128x128" in why and "128x128 x 3 stages" in why
     plain3 = AttentionConfig(block_M=128, block_N=128, num_stages=3, threads=256)
     assert ATTENTION.check(p, plain3, h100) == []  # where O reuses Q's tile
     assert "unknown key(s) ['overlap']" in check_attention_config(p, {**ws().to_dict(), "overlap": 1})[0]
