@@ -63,6 +63,7 @@ __all__ = [
     "attention_ws_space",
     "check_attention_config",
     "normalize_attention_config",
+    "ws_tiles_pipelined",
 ]
 
 ATTENTION_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
@@ -183,6 +184,10 @@ WS_PRODUCER_REGS = 40
 WS_CONSUMER_REGS = 232
 #: Registers a ws consumer thread keeps beside its fragments (addresses, row statistics, predicates).
 _WS_REG_MARGIN = 48
+#: What the persistent form's tiles-pipelined schedule keeps beyond that (the previous tile's row sums, its
+#: round, the second Q buffer's phase): ptxas fits it with no spill at 160 fragment registers (128 keys at
+#: d128) and spills 40 bytes at 184 (160 keys at d128), so that config keeps the per-tile schedule.
+_WS_PIPELINE_REGS = 16
 
 
 def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -246,6 +251,14 @@ def _acc_reg_limit(c: Mapping[str, Any], arch: GPUArch) -> int:
     if _warp_specialized(c, arch):
         return 192 if c["threads"] <= 256 else 96
     return min(arch.max_regs_per_thread, arch.regs_per_sm // c["threads"] // 8 * 8) - 72
+
+
+def ws_tiles_pipelined(problem: AttentionProblem, config: Mapping[str, Any]) -> bool:
+    """Whether the persistent ws form overlaps a tile's end with the next tile's start (each CTA's tiles in two
+    Q buffers, O staged in the finished tile's): where its extra registers fit beside the fragments."""
+    c = normalize_attention_config(config)
+    return (c["variant"] == "ws" and c["persistent"] > 0
+            and _acc_regs(problem, c) <= WS_CONSUMER_REGS - _WS_REG_MARGIN - _WS_PIPELINE_REGS)
 
 
 def _ws_problems(c: Mapping[str, Any]) -> list[str]:
@@ -353,6 +366,7 @@ class AttentionConstants:
     p: float                          # p-norm that blends the per-step limits
     ws_overlap: float = 0.49          # ws variant: share of min(tensor, softmax) its schedule hides (fitted)
     persistent_tile_share: float = 0.7  # persistent ws: share of cta_fixed a CTA's later tiles still pay (fitted)
+    tiles_pipelined_share: float = 0.5  # the same where the tiles are pipelined (ws_tiles_pipelined; fitted)
 
     def replace(self, **changes: float) -> AttentionConstants:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -547,7 +561,8 @@ class AttentionTemplate:
             rounds = math.ceil(workers / slots) * per_worker * nk
         waves = ctas / slots
         if c["persistent"]:
-            fixed = math.ceil(workers / slots) * cta_fixed * (1 + (per_worker - 1) * a.persistent_tile_share)
+            share = a.tiles_pipelined_share if ws_tiles_pipelined(p, c) else a.persistent_tile_share
+            fixed = math.ceil(workers / slots) * cta_fixed * (1 + (per_worker - 1) * share)
         else:
             fixed = math.ceil(waves) * cta_fixed
         body = rounds * step + fixed

@@ -34,6 +34,17 @@ empty barrier, released once every ``Q K^T`` of the tile has completed, so the p
 tile's Q, K and V while the consumers finish this one; warpgroup 1 hands its last turn to warpgroup 0's next
 tile. O leaves through the staging tile as in the one-tile form.
 
+**Tiles pipelined** (the persistent form wherever ``carver.attention.ws_tiles_pipelined`` holds: its extra
+registers fit beside the fragments, which leaves out 160 keys at d128): a tile's end overlaps the next
+tile's start, as cuDNN's kernel does. Q has two buffers (the round loop runs in pairs, so each buffer's
+index is a constant), each with a full and an empty barrier. Step 0 of every tile after a CTA's first also
+issues the previous tile's last ``P V`` in its turn; the previous tile's normalisation and store then
+follow this tile's first softmax, while the other warpgroup's GEMMs run. O is staged in the previous tile's
+Q buffer (so the shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside the ring),
+which goes back to the producer only once the TMA store has read it. The CTA's last tile ends after the
+round loop. Round 0 is peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every
+wgmma of a kernel where one does (C7513 / C7514).
+
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
 diagonal ones when causal), after ``Q K^T`` (``clear_accum``), where ``program.py`` adds the mask before. A
@@ -48,7 +59,7 @@ them, so nvcc cannot hoist the softmax above the wait nor sink the write of P ab
 # No `from __future__ import annotations`: TileLang reads the T.prim_func's annotations as expressions.
 from typing import TYPE_CHECKING
 
-from carver.attention import WS_CONSUMER_REGS, WS_PRODUCER_REGS, WS_PRODUCER_THREADS
+from carver.attention import WS_CONSUMER_REGS, WS_PRODUCER_REGS, WS_PRODUCER_THREADS, ws_tiles_pipelined
 
 from . import fastmath
 from .config import AttentionConfig, AttentionProblem
@@ -155,6 +166,44 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             T.mbarrier_arrive(v_full[s])
 
     @T.macro
+    def key_steps_1on(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
+                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx):
+        """Steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs."""
+        for k in T.serial(1, steps):
+            s, sp = (base + k) % st, (base + k - 1) % st
+            for i, j2 in T.Parallel(bm, D):
+                acc_o[i, j2] *= scores_scale[i]
+            T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
+            T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
+            wait_turn(wg)
+            T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
+                         policy=T.GemmWarpPolicy.FullRow)
+            T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+            pass_turn(wg, either(k < steps - 1, more))
+            T.wait_wgmma(1)
+            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+            release(k_empty, s, tx)
+            mask(acc_s, bx, k)
+            softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+            T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
+            release(v_empty, sp, tx)
+            T.copy(acc_s, acc_p)
+
+    @T.macro
+    def store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz):
+        """O / row sum (one division per row, not per element), through a staging tile and one TMA store:
+        measured faster than each warpgroup storing its own rows from registers, which writes 4-byte pieces,
+        or from the staging tile (H200, 2026-11-24 and 2026-11-29)."""
+        for i in T.Parallel(bm):
+            scores_sum[i] = 1.0 / logsum[i]
+        for i, j2 in T.Parallel(bm, D):
+            acc_o[i, j2] *= scores_sum[i]
+        T.copy(acc_o, O_s)
+        T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+
+    @T.macro
     def consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
                 scores_sum, logsum, q_bar, k_full, v_full, k_empty, v_empty, bx, by, bz, steps, base, j,
                 more, wg, tx):
@@ -177,28 +226,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         mask(acc_s, bx, 0)
         softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
         T.copy(acc_s, acc_p)
-        # steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs
-        for k in T.serial(1, steps):
-            s, sp = (base + k) % st, (base + k - 1) % st
-            for i, j2 in T.Parallel(bm, D):
-                acc_o[i, j2] *= scores_scale[i]
-            T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
-            T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
-            wait_turn(wg)
-            T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
-                         policy=T.GemmWarpPolicy.FullRow)
-            T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-            pass_turn(wg, either(k < steps - 1, more))
-            T.wait_wgmma(1)
-            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            release(k_empty, s, tx)
-            mask(acc_s, bx, k)
-            softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
-            T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-            T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
-            release(v_empty, sp, tx)
-            T.copy(acc_s, acc_p)
+        key_steps_1on(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
+                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx)
         if persistent:
             release(q_bar, 1, tx)  # every Q K^T of the tile has completed: the producer may load the next Q
         # the last step's P V, outside the turns
@@ -210,15 +239,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
         release(v_empty, sl, tx)
-        for i in T.Parallel(bm):
-            scores_sum[i] = 1.0 / logsum[i]  # one division per row, not per element
-        for i, j2 in T.Parallel(bm, D):
-            acc_o[i, j2] *= scores_sum[i]
-        # through a staging tile and one TMA store: measured faster than each warpgroup storing its own rows
-        # from registers, which writes 4-byte pieces (persistent form, H200, 2026-11-24: 0.947-1.054x of the
-        # one-tile form, geomean 0.999 over the six Llama shapes)
-        T.copy(acc_o, O_s)
-        T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+        store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz)
 
     def tile_of(w, ids):
         """The tile (bx, head, batch) that the CTA with block indices ``ids`` takes in round ``w``, and whether
@@ -245,6 +266,165 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
 
     rounds = -(-tiles // persistent) if persistent else 1
     grid = (persistent,) if persistent else (nq, H, B)
+
+    # --------------------------------------------------------- persistent, tiles pipelined (module docstring)
+    @T.macro
+    def produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty, w, qb, ids,
+                          ring_p):
+        """Producer, round ``w``: Q into buffer ``qb = w % 2`` (a constant: the round loop is unrolled by two)
+        once the consumers have stored O from it, then K and V."""
+        bx, by, bz, live = tile_of(w, ids)
+        if live:
+            steps = key_steps(S, bm, bn, bx, causal)
+            T.mbarrier_wait_parity(q_empty[qb], ((w // 2) & 1) ^ 1)
+            T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s[qb, :, :], barrier=q_full[qb])
+            T.mbarrier_arrive(q_full[qb])
+            for k in T.serial(steps):
+                s, ph = (ring_p[0] + k) % st, ((ring_p[0] + k) // st) & 1
+                T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
+                T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
+                T.mbarrier_arrive(k_full[s])
+                T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
+                T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
+                T.mbarrier_arrive(v_full[s])
+            ring_p[0] = ring_p[0] + steps
+
+    @T.macro
+    def consume_pipelined(Output, Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
+                          scores_sum, logsum, l_prev, last, q_full, q_empty, k_full, v_full, k_empty, v_empty, w,
+                          qb, first, ids, wg, tx, ring_p):
+        """Consumers, round ``w`` (``first``, a Python bool: round 0, peeled). After round 0, step 0's turn
+        also issues the previous tile's last ``P V``, whose normalisation and store run while the other
+        warpgroup's GEMMs do; O is staged in the previous tile's Q buffer, released to the producer once the
+        TMA store has read it. No branch of the loop's wgmma issue depends on a run-time value: ptxas
+        serializes every wgmma of a kernel where it does (C7513/C7514)."""
+        bx, by, bz, live = tile_of(w, ids)
+        if live:
+            steps = key_steps(S, bm, bn, bx, causal)
+            more = tile_of(w + 1, ids)[3]
+            base = ring_p[0]
+            T.mbarrier_wait_parity(q_full[qb], (w // 2) & 1)
+            s0 = base % st
+            T.mbarrier_wait_parity(k_full[s0], (base // st) & 1)
+            if first:
+                wait_turn(wg)
+                T.wgmma_gemm(Q_s[qb, :, :], K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                             policy=T.GemmWarpPolicy.FullRow)
+                pass_turn(wg, T.Or(steps > 1, more))
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                release(k_empty, s0, tx)
+                mask(acc_s, bx, 0)
+                softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+            else:
+                sl = (base + st - 1) % st  # the previous tile's last ring iteration, base - 1
+                for i, j2 in T.Parallel(bm, D):
+                    acc_o[i, j2] *= scores_scale[i]
+                T.mbarrier_wait_parity(v_full[sl], ((base + st - 1) // st - 1) & 1)
+                wait_turn(wg)
+                T.wgmma_gemm(Q_s[qb, :, :], K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                             policy=T.GemmWarpPolicy.FullRow)
+                T.wgmma_gemm(acc_p, V_s[sl, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+                pass_turn(wg, T.Or(steps > 1, more))
+                T.wait_wgmma(1)
+                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+                release(k_empty, s0, tx)
+                T.copy(logsum, l_prev)
+                T.fill(logsum, 0)
+                T.fill(scores_max, -T.infinity(accum))
+                mask(acc_s, bx, 0)
+                softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+                T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
+                release(v_empty, sl, tx)
+                px, py, pz, _ = tile_of(w - 1, ids)
+                store_o(Output, Q_s[1 - qb, :, :], acc_o, scores_sum, l_prev, px, py, pz)
+                T.fence_proxy_async()
+                T.sync_warp()  # the lane that waited for the store's read, before its warp's arrival
+                release(q_empty, 1 - qb, tx)
+                T.fill(acc_o, 0)
+            T.copy(acc_s, acc_p)
+            key_steps_1on(Q_s[qb, :, :], K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
+                          scores_sum, logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx)
+            last[0] = w
+            ring_p[0] = base + steps
+
+    @T.macro
+    def finish_pipelined(Output, Q_s, V_s, acc_p, acc_o, scores_scale, scores_sum, logsum, v_empty, v_full, last,
+                         ids, tx, ring_p):
+        """The CTA's last tile: its last ``P V``, outside the turns, and its store from its own Q buffer."""
+        sl = (ring_p[0] + st - 1) % st
+        for i, j2 in T.Parallel(bm, D):
+            acc_o[i, j2] *= scores_scale[i]
+        T.mbarrier_wait_parity(v_full[sl], ((ring_p[0] + st - 1) // st - 1) & 1)
+        T.wgmma_gemm(acc_p, V_s[sl, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+        release(v_empty, sl, tx)
+        lx, ly, lz, _ = tile_of(last[0], ids)
+        if last[0] % 2 == 0:
+            store_o(Output, Q_s[0, :, :], acc_o, scores_sum, logsum, lx, ly, lz)
+        else:
+            store_o(Output, Q_s[1, :, :], acc_o, scores_sum, logsum, lx, ly, lz)
+
+    def main_pipelined(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
+                       Output: T.Tensor(q_shape, dtype)):
+        with T.Kernel(persistent, threads=ct + WS_PRODUCER_THREADS) as ids:
+            fastmath.declare()
+            Q_s = T.alloc_shared((2, bm, D), dtype)  # two Q buffers, each also its tile's O staging tile
+            K_s = T.alloc_shared((st, bn, D), dtype)
+            V_s = T.alloc_shared((st, bn, D), dtype)
+            acc_s = T.alloc_fragment((bm, bn), accum)
+            acc_p = T.alloc_fragment((bm, bn), dtype)
+            acc_o = T.alloc_fragment((bm, D), accum)
+            scores_max = T.alloc_fragment((bm,), accum)
+            scores_max_prev = T.alloc_fragment((bm,), accum)
+            scores_scale = T.alloc_fragment((bm,), accum)
+            scores_sum = T.alloc_fragment((bm,), accum)
+            logsum = T.alloc_fragment((bm,), accum)
+            l_prev = T.alloc_fragment((bm,), accum)  # the previous tile's row sums, for its store
+            q_full = T.alloc_barrier([WS_PRODUCER_THREADS] * 2)
+            q_empty = T.alloc_barrier([cwarps] * 2)
+            k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            k_empty = T.alloc_barrier([cwarps] * st)
+            v_empty = T.alloc_barrier([cwarps] * st)
+            # buffers, not T.alloc_var: macros write them (a macro's assignment to a var would rebind a name)
+            ring_p = T.alloc_local((1,), "int32")  # ring iterations of the CTA's tiles so far
+            ring_p[0] = 0
+            last = T.alloc_local((1,), "int32")  # the round of the CTA's last tile so far
+            tx = T.get_thread_binding()
+            if tx >= ct:  # the producer warpgroup
+                T.set_max_nreg(WS_PRODUCER_REGS, 0)
+                for w2 in T.serial(-(-rounds // 2)):  # in pairs: each Q buffer's index a constant
+                    produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
+                                      2 * w2, 0, ids, ring_p)
+                    produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
+                                      2 * w2 + 1, 1, ids, ring_p)
+            else:  # the two consumer warpgroups
+                T.set_max_nreg(WS_CONSUMER_REGS, 1)
+                wg = tx // 128
+                if wg == 0:
+                    T.named_barrier_arrive(turn0, 256)  # warpgroup 0 takes the first turn
+                T.fill(acc_o, 0)  # (no T.fill of acc_p: a non-wgmma write of the P V operand serializes them)
+                T.fill(logsum, 0)
+                T.fill(scores_max, -T.infinity(accum))
+                consume_pipelined(Output, Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev,
+                                  scores_scale, scores_sum, logsum, l_prev, last, q_full, q_empty, k_full, v_full,
+                                  k_empty, v_empty, 0, 0, True, ids, wg, tx, ring_p)
+                for w2 in T.serial(-(-(rounds - 1) // 2)):  # rounds 1, 2, ... in pairs (Q buffers 1, 0)
+                    consume_pipelined(Output, Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev,
+                                      scores_scale, scores_sum, logsum, l_prev, last, q_full, q_empty, k_full,
+                                      v_full, k_empty, v_empty, 2 * w2 + 1, 1, False, ids, wg, tx, ring_p)
+                    consume_pipelined(Output, Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev,
+                                      scores_scale, scores_sum, logsum, l_prev, last, q_full, q_empty, k_full,
+                                      v_full, k_empty, v_empty, 2 * w2 + 2, 0, False, ids, wg, tx, ring_p)
+                finish_pipelined(Output, Q_s, V_s, acc_p, acc_o, scores_scale, scores_sum, logsum, v_empty, v_full,
+                                 last, ids, tx, ring_p)
+
+    if persistent and ws_tiles_pipelined(problem, config.kernel_kwargs()):
+        return T.prim_func(main_pipelined)
 
     @T.prim_func
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
