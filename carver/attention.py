@@ -314,7 +314,8 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
                    f"tirx.Sub to ir.IntImm'); use num_stages=1")
     smem = _smem_bytes(problem, c)
     if smem > arch.smem_per_block:
-        o_tile = f", O's staging tile {bm}x{problem.dim}" if c["variant"] == "ws" else ""
+        o_tile = (f", O's staging tile {bm}x{problem.dim} (a second Q buffer where the tiles are pipelined)"
+                  if c["variant"] == "ws" else "")
         out.append(f"needs {smem // 1024} KB of shared memory per CTA (Q {bm}x{problem.dim}{o_tile}, K and V "
                    f"{bn}x{problem.dim} x {max(c['num_stages'], 1)} stages), over "
                    f"the {arch.smem_per_block // 1024} KB {arch.name} allows; use fewer num_stages or a smaller "

@@ -35,15 +35,17 @@ tile's Q, K and V while the consumers finish this one; warpgroup 1 hands its las
 tile. O leaves through the staging tile as in the one-tile form.
 
 **Tiles pipelined** (the persistent form wherever ``carver.attention.ws_tiles_pipelined`` holds: its extra
-registers fit beside the fragments, which leaves out 160 keys at d128): a tile's end overlaps the next
-tile's start, as cuDNN's kernel does. Q has two buffers (the round loop runs in pairs, so each buffer's
-index is a constant), each with a full and an empty barrier. Step 0 of every tile after a CTA's first also
-issues the previous tile's last ``P V`` in its turn; the previous tile's normalisation and store then
-follow this tile's first softmax, while the other warpgroup's GEMMs run. O is staged in the previous tile's
-Q buffer (so the shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside the ring),
-which goes back to the producer only once the TMA store has read it. The CTA's last tile ends after the
-round loop. Round 0 is peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every
-wgmma of a kernel where one does (C7513 / C7514).
+registers fit beside the fragments, which leaves out 160 keys at d128): a tile's end overlaps the next tile's
+start (cuDNN's 8-trip loop at 1k suggests it does the same). Q has two buffers (the round loop runs in pairs,
+so each buffer's index is a constant), each with a full and an empty barrier. Step 0 of every tile after a
+CTA's first also issues the previous tile's last ``P V`` in its turn; the previous tile's normalisation and
+store then follow this tile's first softmax. (Only the normalisation overlaps the other warpgroup's GEMMs:
+TileLang's 256-thread barriers around the staging writes meet both warpgroups there, and the elected thread
+waits for the TMA store's read before its warp's release.) O is staged in the previous tile's Q buffer (so the
+shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside the ring), which goes back to the
+producer only once the TMA store has read it. The CTA's last tile ends after the round loop. Round 0 is peeled
+so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one does
+(C7513 / C7514).
 
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
@@ -294,8 +296,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                           scores_sum, logsum, l_prev, last, q_full, q_empty, k_full, v_full, k_empty, v_empty, w,
                           qb, first, ids, wg, tx, ring_p):
         """Consumers, round ``w`` (``first``, a Python bool: round 0, peeled). After round 0, step 0's turn
-        also issues the previous tile's last ``P V``, whose normalisation and store run while the other
-        warpgroup's GEMMs do; O is staged in the previous tile's Q buffer, released to the producer once the
+        also issues the previous tile's last ``P V``, whose normalisation and store follow this tile's first
+        softmax; O is staged in the previous tile's Q buffer, released to the producer once the
         TMA store has read it. No branch of the loop's wgmma issue depends on a run-time value: ptxas
         serializes every wgmma of a kernel where it does (C7513/C7514)."""
         bx, by, bz, live = tile_of(w, ids)
