@@ -194,6 +194,20 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             T.copy(acc_s, acc_p)
 
     @T.macro
+    def step0_alone(Q_s, K_s, acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum, k_empty, s0, bx,
+                    steps, more, wg, tx):
+        """Step 0 with no P V in flight: Q K_0^T alone in its turn, then its softmax."""
+        wait_turn(wg)
+        T.wgmma_gemm(Q_s, K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
+                     policy=T.GemmWarpPolicy.FullRow)
+        pass_turn(wg, either(steps > 1, more))
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        release(k_empty, s0, tx)
+        mask(acc_s, bx, 0)
+        softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+
+    @T.macro
     def store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz):
         """O / row sum (one division per row, not per element), through a staging tile and one TMA store:
         measured faster than each warpgroup storing its own rows from registers, which writes 4-byte pieces,
@@ -218,15 +232,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         # step 0: Q K_0^T alone
         s0 = base % st
         T.mbarrier_wait_parity(k_full[s0], (base // st) & 1)
-        wait_turn(wg)
-        T.wgmma_gemm(Q_s, K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
-                     policy=T.GemmWarpPolicy.FullRow)
-        pass_turn(wg, either(steps > 1, more))
-        T.wait_wgmma(0)
-        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-        release(k_empty, s0, tx)
-        mask(acc_s, bx, 0)
-        softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+        step0_alone(Q_s, K_s, acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum, k_empty, s0, bx,
+                    steps, more, wg, tx)
         T.copy(acc_s, acc_p)
         key_steps_1on(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
                       logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx)
@@ -309,15 +316,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             s0 = base % st
             T.mbarrier_wait_parity(k_full[s0], (base // st) & 1)
             if first:
-                wait_turn(wg)
-                T.wgmma_gemm(Q_s[qb, :, :], K_s[s0, :, :], acc_s, transpose_B=True, clear_accum=True,
-                             policy=T.GemmWarpPolicy.FullRow)
-                pass_turn(wg, T.Or(steps > 1, more))
-                T.wait_wgmma(0)
-                T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-                release(k_empty, s0, tx)
-                mask(acc_s, bx, 0)
-                softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+                step0_alone(Q_s[qb, :, :], K_s, acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum,
+                            k_empty, s0, bx, steps, more, wg, tx)
             else:
                 sl = (base + st - 1) % st  # the previous tile's last ring iteration, base - 1
                 for i, j2 in T.Parallel(bm, D):
