@@ -208,7 +208,7 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     a, b = TURN_BARRIERS
     for bar in (a, b):
         assert f"__sync_thread_partial({bar}, 256)" in consumer and f"__named_barrier_arrive({bar}, 256)" in consumer
-    loops = [m.start() for m in re.finditer(r"for \(int k_\d+ = 1;", consumer)]  # the key steps after step 0
+    loops = [m.start() for m in re.finditer(r"for \(int k_\d+ = [12];", consumer)]  # the key steps after step 0
     loop = consumer[loops[0]:]
     turn = loop[loop.index(f"__sync_thread_partial({a}, 256)"):loop.index(f"__named_barrier_arrive({b}, 256)")]
     assert "wgmma_ss<" in turn and "wgmma_rs<" in turn and turn.index("wgmma_ss<") < turn.index("wgmma_rs<")
@@ -216,15 +216,18 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     assert loop.index("wait_wgmma<1>") < loop.index("k_empty[") < loop.index("wait_wgmma<0>") < loop.index("v_empty[")
     pipelined = ws_tiles_pipelined(p, cfg.kernel_kwargs())
     assert pipelined == (cfg.persistent > 0 and (p.dim, cfg.block_N) != (128, 160))
-    # pipelined: rounds 0, 1 and 2 are separate copies (round 0 peeled, then pairs, one per Q buffer), and the
-    # step 0 of rounds 1 and 2 also waits for S with the previous tile's last P V in flight
-    assert len(loops) == (3 if pipelined else 1) and src.count("wait_wgmma<1>") == len(loops) + 2 * pipelined
+    # pipelined: rounds 0, 1 and 2 are separate copies (round 0 peeled, then pairs, one per Q buffer). In rounds
+    # 1 and 2, step 0 also waits for S with the previous tile's last P V in flight, and step 1 (which releases
+    # the previous tile's Q buffer) stands apart from the loop over steps 2..: seven key steps in the source
+    assert src.count("wait_wgmma<1>") == (7 if pipelined else 1)
+    assert len([m for m in re.finditer(r"for \(int k_\d+ = 2;", consumer)]) == 2 * pipelined
     assert re.search(r"k_empty\[0\]\.init\(8\);", src)
     if pipelined:
         # Q in two buffers, each O's staging tile for its own tile: a buffer goes back to the producer (its empty
         # barrier) only after the TMA store of O has read it. Before each release, in order: the wait for the
         # last P V, a 256-thread barrier (no warpgroup still reads the buffer), the writes of O into it, another,
-        # then one elected thread's TMA store and its wait for the read, a warp sync, and the arrival
+        # one elected thread's TMA store and its commit, then (a turn later: the next tile's step-1 GEMMs are
+        # issued in between) the same election's wait for the store's read, a warp sync, and the arrival
         assert "O_s" not in src and "blockIdx.y" not in src and "blockIdx.z" not in src
         for q in (0, 1):
             assert f"q_empty[{q}].wait(" in producer
@@ -233,10 +236,13 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
             for release in releases:
                 elect = consumer.rindex("if (tl::tl_shuffle_elect<256>())", 0, release)
                 block = consumer[elect:release]
-                assert block.index("tma_store(Output_desc") < block.index("tma_store_arrive()") < block.index(
-                    "tma_store_wait<0, true>()") < block.index("__syncwarp()")
+                assert "tma_store(" not in block
+                assert block.index("tma_store_wait<0, true>()") < block.index("__syncwarp()")
+                store = consumer.rindex("tma_store(Output_desc", 0, elect)
+                assert consumer.index("tma_store_arrive()", store) < consumer.index("wgmma_ss<", store) < \
+                    consumer.index("tma_store_wait", store) < release
                 writes = consumer.rindex("((half_t*)Q_s)" if p.dtype == "float16" else "((bfloat16_t*)Q_s)", 0,
-                                         elect)
+                                         store)
                 before = consumer[:writes]
                 synced = max(before.rindex(f"__sync_thread_partial({i}, 256)") for i in range(16)
                              if f"__sync_thread_partial({i}, 256)" in before and i not in TURN_BARRIERS)

@@ -40,12 +40,15 @@ start (cuDNN's 8-trip loop at 1k suggests it does the same). Q has two buffers (
 so each buffer's index is a constant), each with a full and an empty barrier. Step 0 of every tile after a
 CTA's first also issues the previous tile's last ``P V`` in its turn; the previous tile's normalisation and
 store then follow this tile's first softmax. (Only the normalisation overlaps the other warpgroup's GEMMs:
-TileLang's 256-thread barriers around the staging writes meet both warpgroups there, and the elected thread
-waits for the TMA store's read before its warp's release.) O is staged in the previous tile's Q buffer (so the
-shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside the ring), which goes back to the
-producer only once the TMA store has read it. The CTA's last tile ends after the round loop. Round 0 is peeled
-so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one does
-(C7513 / C7514).
+TileLang's 256-thread barriers around the staging writes meet both warpgroups there.) O is staged in the
+previous tile's Q buffer (so the shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside
+the ring), which goes back to the producer only once the TMA store has read it. The store is issued and
+committed in step 0 without a wait; the thread that issued it waits for the read after step 1's turn (step 1
+is a copy apart from the loop over steps 2.., so that loop has no branch for it; after the tile's only step
+if it has one), and its warp then releases the buffer: waiting in step 0 held warpgroup 0's next turn, and
+the other warpgroup with it, 3-5% at 1k (H200). The CTA's last tile ends after the round loop. Round 0 is
+peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one
+does (C7513 / C7514).
 
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
@@ -168,30 +171,61 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             T.mbarrier_arrive(v_full[s])
 
     @T.macro
+    def release_stored(q_empty, qs, tx):
+        """Q buffer ``qs`` back to the producer once the TMA store of the O staged in it has read it: the
+        thread that issued the store (the same election) waits for the read, then its warp arrives."""
+        if T.shuffle_elect(256):
+            T.tma_store_wait(0)
+        T.sync_warp()
+        release(q_empty, qs, tx)
+
+    @T.macro
+    def key_step(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum, logsum,
+                 k_full, v_full, k_empty, v_empty, bx, k, steps, base, more, wg, tx, q_empty, stored):
+        """Step ``k >= 1``: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs. ``stored`` (a
+        Python int): the Q buffer from which the previous tile's O store is in flight, released after the turn;
+        -1: none."""
+        s, sp = (base + k) % st, (base + k - 1) % st
+        for i, j2 in T.Parallel(bm, D):
+            acc_o[i, j2] *= scores_scale[i]
+        T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
+        T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
+        wait_turn(wg)
+        T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
+                     policy=T.GemmWarpPolicy.FullRow)
+        T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
+        pass_turn(wg, either(k < steps - 1, more))
+        if stored >= 0:
+            release_stored(q_empty, stored, tx)
+        T.wait_wgmma(1)
+        T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
+        release(k_empty, s, tx)
+        mask(acc_s, bx, k)
+        softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
+        T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
+        release(v_empty, sp, tx)
+        T.copy(acc_s, acc_p)
+
+    @T.macro
     def key_steps_1on(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
-                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx):
-        """Steps 1..: Q K_k^T and P(k-1) V(k-1) in one turn, the softmax of k while P V runs."""
-        for k in T.serial(1, steps):
-            s, sp = (base + k) % st, (base + k - 1) % st
-            for i, j2 in T.Parallel(bm, D):
-                acc_o[i, j2] *= scores_scale[i]
-            T.mbarrier_wait_parity(k_full[s], ((base + k) // st) & 1)
-            T.mbarrier_wait_parity(v_full[sp], ((base + k - 1) // st) & 1)
-            wait_turn(wg)
-            T.wgmma_gemm(Q_s, K_s[s, :, :], acc_s, transpose_B=True, clear_accum=True,
-                         policy=T.GemmWarpPolicy.FullRow)
-            T.wgmma_gemm(acc_p, V_s[sp, :, :], acc_o, policy=T.GemmWarpPolicy.FullRow)
-            pass_turn(wg, either(k < steps - 1, more))
-            T.wait_wgmma(1)
-            T.warpgroup_fence_operand(acc_s, num_regs=s_regs)
-            release(k_empty, s, tx)
-            mask(acc_s, bx, k)
-            softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
-            T.wait_wgmma(0)
-            T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
-            T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
-            release(v_empty, sp, tx)
-            T.copy(acc_s, acc_p)
+                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx, q_empty, stored):
+        """Steps 1.. (:func:`key_step`). With a buffer ``stored`` (a Python int), step 1 is a loop of its own (no
+        branch in the loop of the others) that releases it, or the release follows a tile's only step."""
+        if stored >= 0:
+            for k in T.serial(1, T.min(steps, 2)):
+                key_step(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
+                         logsum, k_full, v_full, k_empty, v_empty, bx, k, steps, base, more, wg, tx, q_empty, stored)
+            for k in T.serial(2, T.max(steps, 2)):
+                key_step(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
+                         logsum, k_full, v_full, k_empty, v_empty, bx, k, steps, base, more, wg, tx, q_empty, -1)
+            if steps == 1:
+                release_stored(q_empty, stored, tx)
+        else:
+            for k in T.serial(1, steps):
+                key_step(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
+                         logsum, k_full, v_full, k_empty, v_empty, bx, k, steps, base, more, wg, tx, q_empty, -1)
 
     @T.macro
     def step0_alone(Q_s, K_s, acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum, k_empty, s0, bx,
@@ -208,16 +242,20 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
 
     @T.macro
-    def store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz):
+    def store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz, wait):
         """O / row sum (one division per row, not per element), through a staging tile and one TMA store:
         measured faster than each warpgroup storing its own rows from registers, which writes 4-byte pieces,
-        or from the staging tile (H200, 2026-11-24 and 2026-11-29)."""
+        or from the staging tile (H200, 2026-11-24 and 2026-11-29). ``wait`` (a Python bool): the elected
+        thread waits for the store's read of ``O_s`` here; else later, in :func:`release_stored`."""
         for i in T.Parallel(bm):
             scores_sum[i] = 1.0 / logsum[i]
         for i, j2 in T.Parallel(bm, D):
             acc_o[i, j2] *= scores_sum[i]
         T.copy(acc_o, O_s)
-        T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+        if wait:
+            T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
+        else:
+            T.tma_copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])  # store and commit only
 
     @T.macro
     def consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
@@ -236,7 +274,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                     steps, more, wg, tx)
         T.copy(acc_s, acc_p)
         key_steps_1on(Q_s, K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale, scores_sum,
-                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx)
+                      logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx, q_bar, -1)
         if persistent:
             release(q_bar, 1, tx)  # every Q K^T of the tile has completed: the producer may load the next Q
         # the last step's P V, outside the turns
@@ -248,7 +286,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
         release(v_empty, sl, tx)
-        store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz)
+        store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz, True)
 
     def tile_of(w, ids):
         """The tile (bx, head, batch) that the CTA with block indices ``ids`` takes in round ``w``, and whether
@@ -341,14 +379,14 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                 T.warpgroup_fence_operand(acc_p, num_regs=p_regs)
                 release(v_empty, sl, tx)
                 px, py, pz, _ = tile_of(w - 1, ids)
-                store_o(Output, Q_s[1 - qb, :, :], acc_o, scores_sum, l_prev, px, py, pz)
+                # the store's read is waited for after this tile's next turn (key_steps_1on)
+                store_o(Output, Q_s[1 - qb, :, :], acc_o, scores_sum, l_prev, px, py, pz, False)
                 T.fence_proxy_async()
-                T.sync_warp()  # the lane that waited for the store's read, before its warp's arrival
-                release(q_empty, 1 - qb, tx)
                 T.fill(acc_o, 0)
             T.copy(acc_s, acc_p)
             key_steps_1on(Q_s[qb, :, :], K_s, V_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
-                          scores_sum, logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx)
+                          scores_sum, logsum, k_full, v_full, k_empty, v_empty, bx, steps, base, more, wg, tx,
+                          q_empty, -1 if first else 1 - qb)
             last[0] = w
             ring_p[0] = base + steps
 
@@ -366,9 +404,9 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         release(v_empty, sl, tx)
         lx, ly, lz, _ = tile_of(last[0], ids)
         if last[0] % 2 == 0:
-            store_o(Output, Q_s[0, :, :], acc_o, scores_sum, logsum, lx, ly, lz)
+            store_o(Output, Q_s[0, :, :], acc_o, scores_sum, logsum, lx, ly, lz, True)
         else:
-            store_o(Output, Q_s[1, :, :], acc_o, scores_sum, logsum, lx, ly, lz)
+            store_o(Output, Q_s[1, :, :], acc_o, scores_sum, logsum, lx, ly, lz, True)
 
     def main_pipelined(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
                        Output: T.Tensor(q_shape, dtype)):
