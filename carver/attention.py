@@ -170,13 +170,15 @@ ATTENTION_GRID: dict[str, tuple[Any, ...]] = {
 }
 #: The ws variant's grid: two consumer warpgroups of 64 rows each.
 ATTENTION_WS_GRID: dict[str, tuple[Any, ...]] = {
-    "block_M": (128,), "block_N": (64, 128, 160), "num_stages": (2, 3), "threads": (256,), "variant": ("ws",),
+    "block_M": (128,), "block_N": (64, 128, 160, 176), "num_stages": (2, 3), "threads": (256,), "variant": ("ws",),
 }  # one stage runs (the rules allow it) but measured 2-21% slower than its plain twin and never the best ws
 #  config on the six Llama shapes of benchmarks/data/attention-ws-2026-11-22-h200 (2-3 stages: 0.99-1.10).
 #  160 keys, two stages (at d128 Q, O and the ring fill 224 KB): persistent over its 128-key twin 1.02-1.06 at
 #  4 x 4k and 1 x 16k without the mask, 0.90-0.96 at 1k (benchmarks/data/attention-bn160-2026-11-29-h200).
-#: Points of the ws grid left out until measured: 160 keys in three stages (legal at d64 only) never ran.
-_WS_UNMEASURED: tuple[dict[str, Any], ...] = ({"block_N": 160, "num_stages": 3},)
+#  176 keys: legal at d64 only (196 fragment registers at d128); at d64 the best or within 1% of it on four of
+#  six shapes, 0.94 of cuDNN at 8 x 1k against 0.92 for 128 keys (benchmarks/data/attention-storewait-2026-11-29-h200).
+#: Points of the ws grid left out until measured: 160 and 176 keys in three stages (legal at d64 only) never ran.
+_WS_UNMEASURED: tuple[dict[str, Any], ...] = ({"block_N": 160, "num_stages": 3}, {"block_N": 176, "num_stages": 3})
 _PRODUCER_THREADS = 128
 #: The ws variant: its producer warpgroup and the setmaxnreg budgets (128*40 + 256*232 <= 64K registers).
 WS_PRODUCER_THREADS = _PRODUCER_THREADS

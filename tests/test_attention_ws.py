@@ -64,14 +64,16 @@ def test_ws_rules_name_the_value_and_the_fix():
 def test_ws_space_and_candidates(shape):
     p = AttentionProblem(**shape)
     grid = ws_space(p)
-    assert len(grid) == 5 and {c.block_N for c in grid} == {64, 128, 160} and {c.variant for c in grid} == {"ws"}
+    assert len(grid) == 6 and {c.block_N for c in grid} == {64, 128, 160, 176} and {c.variant for c in grid} == {"ws"}
     assert {c.num_stages for c in grid} == {2, 3}  # one stage: measured slower than its plain twin
-    # 160 keys in two stages only: in three (legal at d64) it never ran
-    assert [c.num_stages for c in grid if c.block_N == 160] == [2]
+    # 160 and 176 keys in two stages only: in three (legal at d64) they never ran
+    assert [c.num_stages for c in grid if c.block_N in (160, 176)] == [2, 2]
+    # 176 keys: at d64 only (at d128 the fragments take 196 registers a thread, over the rules' 184)
+    assert bool(ATTENTION.check(p, ws(176), CUDA("H100"))) == (p.dim == 128)
     h100 = CUDA("H100")
     # with a GPU, each config's persistent twin (one CTA per SM) where there is more than one wave of tiles
     on_h100 = ws_space(p, h100)
-    assert on_h100[:5] == grid and on_h100[5:] == [dataclasses.replace(c, persistent=132) for c in grid]
+    assert on_h100[:6] == grid and on_h100[6:] == [dataclasses.replace(c, persistent=132) for c in grid]
     plain = ATTENTION.candidates(p, h100, 8, variants=False)
     both = ATTENTION.candidates(p, h100, 8)
     legal = [c for c in on_h100 if not ATTENTION.check(p, c, h100)]
@@ -182,6 +184,9 @@ NVCC_CASES = {
                                                           causal=True), ws(64, 1, persistent=132)),
     "persistent-gqa-causal-d64-s4000-bn160": (dict(batch=1, heads=32, seq_len=4000, dim=64, kv_heads=8,
                                                    causal=True), ws(160, 2, persistent=132)),
+    # 176 keys (d64 only): wgmma m64n176k16, pipelined (164 fragment registers)
+    "persistent-gqa-full-d64-s1000-bn176": (dict(batch=2, heads=32, seq_len=1000, dim=64, kv_heads=8),
+                                            ws(176, 2, persistent=132)),
 }
 
 
@@ -314,6 +319,8 @@ def test_ws_matches_the_fp32_reference(shape):
     configs = (ws(128, 2), ws(64, 1), ws(64, 3), ws(128, 2, persistent=132), ws(64, 3, persistent=5),
                ws(128, 2, persistent=1), ws(64, 1, persistent=132), ws(160, 2), ws(160, 2, persistent=132),
                ws(160, 2, persistent=5))
+    if p.dim == 64:  # 176 keys: legal at d64 only
+        configs += (ws(176, 2), ws(176, 2, persistent=5))
     with ThreadPoolExecutor(len(configs)) as pool:  # nvcc runs in subprocesses: the compiles overlap
         kernels = list(pool.map(lambda c: ATTENTION.compile(p, c), configs))
     for c, kern in zip(configs, kernels):
