@@ -232,16 +232,16 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
         # barrier) only after the TMA store of O has read it. Before each release, in order: the wait for the
         # last P V, a 256-thread barrier (no warpgroup still reads the buffer), the writes of O into it, another,
         # one elected thread's TMA store and its commit, then (a turn later: the next tile's step-1 GEMMs are
-        # issued in between) the same election's wait for the store's read, a warp sync, and the arrival
+        # issued in between) the same election's wait for the store's read, a warp sync, and the arrival.
         # Each copy of a round releases the other buffer once in step 1, before the loop over steps 2.., and, where
         # a tile may have one step only (causal, or seq_len <= block_N), once more after that loop
         assert "O_s" not in src and "blockIdx.y" not in src and "blockIdx.z" not in src
         one_step = -(-(min(cfg.block_M, p.seq_len) if p.causal else p.seq_len) // cfg.block_N) == 1
-        qs = "((half_t*)Q_s)[" if p.dtype == "float16" else "((bfloat16_t*)Q_s)["
+        q_ptr = "((half_t*)Q_s)" if p.dtype == "float16" else "((bfloat16_t*)Q_s)"  # its writes and stores
 
         def stored_buffer(store: int) -> int:
             """The Q buffer a TMA store of O reads: buffer 1 lies block_M * dim elements in."""
-            start = consumer.index(qs, store) + len(qs)
+            start = consumer.index(q_ptr + "[", store) + len(q_ptr) + 1
             index = consumer[start:consumer.index("]", start)]
             return int(bool(re.search(rf"(^|\+ ){cfg.block_M * p.dim}\)*$", index)))
 
@@ -261,8 +261,7 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
                 steps_2on = re.compile(r"for \(int k_\d+ = 2;").search(consumer, store)
                 if steps_2on:  # step 1's release before the loop over steps 2.., the one-step tile's after it
                     assert (release < steps_2on.start()) == (release == releases[0])
-                writes = consumer.rindex("((half_t*)Q_s)" if p.dtype == "float16" else "((bfloat16_t*)Q_s)", 0,
-                                         store)
+                writes = consumer.rindex(q_ptr, 0, store)
                 before = consumer[:writes]
                 synced = max(before.rindex(f"__sync_thread_partial({i}, 256)") for i in range(16)
                              if f"__sync_thread_partial({i}, 256)" in before and i not in TURN_BARRIERS)
