@@ -46,7 +46,7 @@ the ring), which goes back to the producer only once the TMA store has read it. 
 committed in step 0 without a wait; the thread that issued it waits for the read after step 1's turn (step 1
 is a copy apart from the loop over steps 2.., so that loop has no branch for it; after the tile's only step
 if it has one), and its warp then releases the buffer: waiting in step 0 held warpgroup 0's next turn, and
-the other warpgroup with it, 3-5% at 1k (H200). The CTA's last tile ends after the round loop. Round 0 is
+the other warpgroup with it, 2-5% at 1k (H200). The CTA's last tile ends after the round loop. Round 0 is
 peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one
 does (C7513 / C7514).
 
