@@ -51,8 +51,7 @@ __all__ = [
     "ATTENTION_OPTIONAL_KEYS",
     "ATTENTION_VARIANTS",
     "ATTENTION_WS_GRID",
-    "WS_CONSUMER_REGS",
-    "WS_PRODUCER_REGS",
+    "WS_REGS",
     "WS_PRODUCER_THREADS",
     "AttentionConstants",
     "AttentionHint",
@@ -153,7 +152,7 @@ class AttentionProblem:
 # --------------------------------------------------------------------------------------------------
 ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads")
 #: ``variant``: TileLang's ``T.Pipelined`` loop (``program.py``) or the hand-scheduled Hopper loop
-#: (``ws_program.py``: TMA producer, two consumer warpgroups overlapping the softmax with the GEMMs).
+#: (``ws_program.py``: TMA producer, two or three consumer warpgroups overlapping the softmax with the GEMMs).
 ATTENTION_VARIANTS: tuple[str, ...] = ("pipelined", "ws")
 #: Keys a config may leave out, with the value that stands for them.
 ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined", "persistent": 0}
@@ -168,28 +167,39 @@ _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
 ATTENTION_GRID: dict[str, tuple[Any, ...]] = {
     "block_M": (64, 128), "block_N": (32, 64, 128), "num_stages": (1, 2, 3), "threads": (128, 256),
 }
-#: The ws variant's grid: two consumer warpgroups of 64 rows each.
+#: The ws variant's grid: two or three consumer warpgroups of 64 rows each (the rules pair block_M with threads).
 ATTENTION_WS_GRID: dict[str, tuple[Any, ...]] = {
-    "block_M": (128,), "block_N": (64, 128, 160, 176), "num_stages": (2, 3), "threads": (256,), "variant": ("ws",),
+    "block_M": (128, 192), "block_N": (64, 96, 128, 160, 176), "num_stages": (2, 3), "threads": (256, 384),
+    "variant": ("ws",),
 }  # one stage runs (the rules allow it) but measured 2-21% slower than its plain twin and never the best ws
 #  config on the six Llama shapes of benchmarks/data/attention-ws-2026-11-22-h200 (2-3 stages: 0.99-1.10).
 #  160 keys, two stages (at d128 Q, O and the ring fill 224 KB): persistent over its 128-key twin 1.02-1.06 at
 #  4 x 4k and 1 x 16k without the mask, 0.90-0.96 at 1k (benchmarks/data/attention-bn160-2026-11-29-h200).
 #  176 keys: legal at d64 only (196 fragment registers at d128); at d64 the best or within 1% of it on four of
 #  six shapes, 0.94 of cuDNN at 8 x 1k against 0.92 for 128 keys (benchmarks/data/attention-storewait-2026-11-29-h200).
-#: Points of the ws grid left out until measured: 160 and 176 keys in three stages (legal at d64 only) never ran.
-_WS_UNMEASURED: tuple[dict[str, Any], ...] = ({"block_N": 160, "num_stages": 3}, {"block_N": 176, "num_stages": 3})
+#  Three warpgroups (192 rows, 160 registers a thread: 128 x 96 and 192 x 128 at d64, 192 x 64 at d128): over the
+#  best two-warpgroup config 1.05-1.10 at 4 x 4k and 16k d64 without the mask, 1.04 at 16k causal; 0.96 at 1k (a
+#  sixth of the last query block is past seq_len), 0.86 at 1k causal (benchmarks/data/attention-w3-2026-11-29-h200).
+#: Points of the ws grid left out until measured: 160 and 176 keys in three stages (legal at d64 only), 96 keys
+#: with two warpgroups or three stages, 64 keys with three warpgroups in three stages never ran.
+_WS_UNMEASURED: tuple[dict[str, Any], ...] = (
+    {"block_N": 160, "num_stages": 3}, {"block_N": 176, "num_stages": 3}, {"block_N": 96, "threads": 256},
+    {"block_N": 96, "num_stages": 3}, {"block_N": 64, "threads": 384, "num_stages": 3})
 _PRODUCER_THREADS = 128
-#: The ws variant: its producer warpgroup and the setmaxnreg budgets (128*40 + 256*232 <= 64K registers).
+#: The ws variant: its producer warpgroup and, per count of consumer warpgroups, the setmaxnreg budgets of
+#: the producer and of each consumer thread (128 * 40 + 256 * 232 and 128 * 32 + 384 * 160 <= 64K registers).
 WS_PRODUCER_THREADS = _PRODUCER_THREADS
-WS_PRODUCER_REGS = 40
-WS_CONSUMER_REGS = 232
-#: Registers a ws consumer thread keeps beside its fragments (addresses, row statistics, predicates).
-_WS_REG_MARGIN = 48
+WS_REGS: dict[int, tuple[int, int]] = {2: (40, 232), 3: (32, 160)}
+#: Registers a ws consumer thread keeps beside its fragments (addresses, row statistics, predicates), per count
+#: of consumer warpgroups. Three: 32, where ptxas fits 128 fragment registers (192 x 128 at d64) in 160 with no
+#: spill.
+_WS_REG_MARGIN: dict[int, int] = {2: 48, 3: 32}
 #: What the persistent form's tiles-pipelined schedule keeps beyond that (the previous tile's row sums, its
-#: round, the second Q buffer's phase): ptxas fits it with no spill at 160 fragment registers (128 keys at
-#: d128) and spills 40 bytes at 184 (160 keys at d128), so that config keeps the per-tile schedule.
-_WS_PIPELINE_REGS = 16
+#: round, the second Q buffer's phase), per count of consumer warpgroups. Two: ptxas fits it with no spill at 160
+#: fragment registers (128 keys at d128) and spills 40 bytes at 184 (160 keys at d128). Three: none at 104 (96
+#: keys at d64), 72 bytes at 112 (64 keys at d128) and 52 at 128 (128 keys at d64). Those configs keep the
+#: per-tile schedule.
+_WS_PIPELINE_REGS: dict[int, int] = {2: 16, 3: 24}
 
 
 def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,10 +259,22 @@ def _acc_reg_limit(c: Mapping[str, Any], arch: GPUArch) -> int:
     warpgroups (96 of 160 for 3), as measured for the GEMM (carver/lowering.py); without a producer, the
     launch cap less what addresses, row statistics and predicates keep live."""
     if c["variant"] == "ws":
-        return WS_CONSUMER_REGS - _WS_REG_MARGIN
+        return _ws_fragment_limit(c["threads"])
     if _warp_specialized(c, arch):
         return 192 if c["threads"] <= 256 else 96
     return min(arch.max_regs_per_thread, arch.regs_per_sm // c["threads"] // 8 * 8) - 72
+
+
+def ws_regs(threads: int) -> tuple[int, int]:
+    """The ws variant's setmaxnreg budgets (producer, consumer) for ``threads`` consumer threads (256 or 384)."""
+    return WS_REGS[threads // 128]
+
+
+def _ws_fragment_limit(threads: int, tiles_pipelined: bool = False) -> int:
+    """Fragment registers a ws consumer thread has without spilling, in the per-tile or the tiles-pipelined
+    schedule (two warpgroups' where the rules refuse ``threads``, which they say on their own)."""
+    n = threads // 128 if threads // 128 in WS_REGS else 2
+    return WS_REGS[n][1] - _WS_REG_MARGIN[n] - _WS_PIPELINE_REGS[n] * tiles_pipelined
 
 
 def ws_tiles_pipelined(problem: AttentionProblem, config: Mapping[str, Any]) -> bool:
@@ -260,20 +282,22 @@ def ws_tiles_pipelined(problem: AttentionProblem, config: Mapping[str, Any]) -> 
     Q buffers, O staged in the finished tile's): where its extra registers fit beside the fragments."""
     c = normalize_attention_config(config)
     return (c["variant"] == "ws" and c["persistent"] > 0
-            and _acc_regs(problem, c) <= WS_CONSUMER_REGS - _WS_REG_MARGIN - _WS_PIPELINE_REGS)
+            and _acc_regs(problem, c) <= _ws_fragment_limit(c["threads"], tiles_pipelined=True))
 
 
 def _ws_problems(c: Mapping[str, Any]) -> list[str]:
     """What the hand-scheduled loop (``variant="ws"``) cannot do on any GPU."""
     out = []
-    if c["threads"] != 256:
-        out.append(f"variant='ws' runs two consumer warpgroups (threads=256; the 128-thread producer is launched on "
-                   f"top), got threads={c['threads']}; use threads=256")
-    if c["block_M"] != 128:
-        # 256 rows: the Q K^T accumulator deals rows 0-63 and 128-191 to warpgroup 0, the P V operand wants
-        # rows 0-127 there (TileLang 0.1.15: "Layout infer conflict between acc_s and acc_p")
-        out.append(f"variant='ws' gives each of its two consumer warpgroups 64 query rows: block_M must be 128, got "
-                   f"block_M={c['block_M']}; use block_M=128")
+    if c["threads"] // 128 not in WS_REGS or c["threads"] % 128:
+        out.append(f"variant='ws' runs two or three consumer warpgroups (threads=256 or 384; the 128-thread producer "
+                   f"is launched on top), got threads={c['threads']}; use threads=256")
+    elif c["block_M"] != c["threads"] // 2:
+        # 64 rows each: at 256 rows over two warpgroups the Q K^T accumulator deals rows 0-63 and 128-191 to
+        # warpgroup 0, the P V operand wants rows 0-127 there (TileLang 0.1.15: "Layout infer conflict between
+        # acc_s and acc_p")
+        out.append(f"variant='ws' gives each consumer warpgroup 64 query rows: block_M must be threads / 2 (128 for "
+                   f"threads=256, 192 for 384), got block_M={c['block_M']} with threads={c['threads']}; use "
+                   f"block_M={c['threads'] // 2}")
     if c["num_stages"] < 1:
         out.append(f"variant='ws' loads K and V into a ring of num_stages stages, got num_stages={c['num_stages']}; "
                    f"use num_stages=2")
@@ -368,6 +392,7 @@ class AttentionConstants:
     tail_fraction: float              # causal: the part of the longest CTA left as the tail
     p: float                          # p-norm that blends the per-step limits
     ws_overlap: float = 0.49          # ws variant: share of min(tensor, softmax) its schedule hides (fitted)
+    ws3_overlap: float = 0.60         # the same with three consumer warpgroups (threads=384; fitted)
     persistent_tile_share: float = 0.7  # persistent ws: share of cta_fixed a CTA's later tiles still pay (fitted)
     tiles_pipelined_share: float = 0.5  # the same where the tiles are pipelined (ws_tiles_pipelined; fitted)
 
@@ -530,7 +555,10 @@ class AttentionTemplate:
         softmax = occ * (bm * bn * a.softmax_cycles_per_score + bm * D * a.rescale_cycles_per_output) / clock / cuda_eff
         groups = occ * max(1, t // 128)
         # ws: P V in flight during the next softmax hides about half of the shorter of the two (fitted)
-        hidden = a.ws_overlap if c["variant"] == "ws" else a.wg_overlap * (1.0 - 1.0 / groups)
+        if c["variant"] == "ws":
+            hidden = a.ws3_overlap if t > 256 else a.ws_overlap
+        else:
+            hidden = a.wg_overlap * (1.0 - 1.0 / groups)
         compute = (tensor + softmax - min(hidden, 1.0) * min(tensor, softmax) + a.step_overhead_us
                    + a.stage_cost_us * (stages >= 2))
         step_bytes = 2 * bn * D * b

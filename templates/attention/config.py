@@ -36,7 +36,7 @@ class AttentionConfig(TemplateConfig):
     """One flash-attention kernel: ``block_M`` query rows per CTA, ``block_N`` keys per step of the loop
     over K/V, ``num_stages`` K/V tiles in flight, ``threads`` consumer threads (on Hopper TileLang adds a
     128-thread TMA producer when ``num_stages >= 1``); ``variant="ws"``: the hand-scheduled Hopper loop
-    (``ws_program.py``), two consumer warpgroups of ``block_M / 2`` rows and a TMA producer.
+    (``ws_program.py``), ``threads / 128`` consumer warpgroups (two or three) of 64 rows each and a TMA producer.
     """
 
     block_M: int

@@ -1,52 +1,57 @@
 """The attention family's hand-scheduled Hopper program (``variant="ws"``): flash-attention forward with the
 softmax overlapped with the tensor cores, in the style of FlashAttention-3, written warp by warp.
 
-Roles (384 threads, one CTA per SM):
+Roles (384 or 512 threads, one CTA per SM):
 
-* **Producer** (the last 128 threads, ``setmaxnreg`` down to 40): TMA-loads the CTA's Q tile once, then K
-  and V tiles into a ring of ``num_stages`` stages. K and V have their own full and empty mbarriers, so a K
-  stage is refilled as soon as ``Q K^T`` has read it, while ``P V`` may still read the V of that stage.
-* **Two consumer warpgroups** (``setmaxnreg`` up to 232): one fragment of ``block_M = 128`` rows split by
-  ``T.GemmWarpPolicy.FullRow``, so warpgroup ``w`` owns rows ``64 w`` to ``64 w + 63`` and every wgmma, row
-  reduction and cast it runs touches its own rows only. (At 256 rows TileLang 0.1.15 deals the ``Q K^T``
-  accumulator's rows 0-63 and 128-191 to warpgroup 0 but wants rows 0-127 of the ``P V`` operand there, a
-  layout conflict; the carver's rules keep ``block_M`` at 128.)
+* **Producer** (the last 128 threads, ``setmaxnreg`` down to 40, or 32 beside three consumer warpgroups):
+  TMA-loads the CTA's Q tile once, then K and V tiles into a ring of ``num_stages`` stages. K and V have their
+  own full and empty mbarriers, so a K stage is refilled as soon as ``Q K^T`` has read it, while ``P V`` may
+  still read the V of that stage.
+* **Two or three consumer warpgroups** (``threads`` 256 or 384; ``setmaxnreg`` up to 232, or 160 for three,
+  FA3's split at head dim 64, where the softmax is twice the share of a step that it is at d128): one fragment
+  of ``block_M = 64 x`` warpgroups rows split by ``T.GemmWarpPolicy.FullRow``, so warpgroup ``w`` owns rows
+  ``64 w`` to ``64 w + 63`` and every wgmma, row reduction and cast it runs touches its own rows only. (At 256
+  rows over two warpgroups TileLang 0.1.15 deals the ``Q K^T`` accumulator's rows 0-63 and 128-191 to
+  warpgroup 0 but wants rows 0-127 of the ``P V`` operand there, a layout conflict; the carver's rules pair
+  ``block_M`` with ``threads``.)
 
 Per key step ``k`` a warpgroup does (FA3's intra-warpgroup overlap plus its ping-pong)::
 
     O *= scale(k-1)                          # CUDA cores, before the turn
-    [wait for its turn]  S = Q K_k^T  ;  O += P(k-1) V(k-1)  [hand the turn to the other warpgroup]
+    [wait for its turn]  S = Q K_k^T  ;  O += P(k-1) V(k-1)  [hand the turn to the next warpgroup]
     wait for S only (T.wait_wgmma(1)), release K_k
     softmax of S (mask where needed, row max, exp2, row sum)  # while P(k-1) V(k-1) and the other
     wait for P V (T.wait_wgmma(0)), release V(k-1), P(k) = cast(S)   # warpgroup's GEMMs run
 
-The turn is a pair of named barriers (``bar.sync`` / ``bar.arrive``, 256 threads each): warpgroup 0 starts,
-each warpgroup issues its two GEMMs in its turn and passes it on, so one warpgroup's softmax runs while the
-other's GEMMs occupy the tensor cores. Both warpgroups take the CTA's number of steps (a causal CTA's last
-query row decides it; a step past a warpgroup's diagonal is fully masked for it), so the turns pair up;
-warpgroup 1 skips its last hand-over, which no one waits for.
+The turn is a named barrier a warpgroup (``bar.sync`` / ``bar.arrive``, 256 threads each: the waiting
+warpgroup and the one handing over): warpgroup 0 starts, each warpgroup issues its two GEMMs in its turn and
+passes it to the next (0 -> 1 -> 0, or 0 -> 1 -> 2 -> 0), so one warpgroup's softmax runs while the others'
+GEMMs occupy the tensor cores. Every warpgroup takes the CTA's number of steps (a causal CTA's last query row
+decides it; a step past a warpgroup's diagonal is fully masked for it), so the turns line up; the last
+warpgroup skips its last hand-over, which no one waits for.
 The last step's ``P V`` is issued outside the turns.
 
 **Persistent form** (``persistent = n > 0``): ``n`` resident CTAs (the SM count) walk the ``B * H *
 ceil(S / block_M)`` tiles in the order of ``tile_of`` (most work first, dealt in a snake). The ring's stages
 and phases run on across a CTA's tiles (``base`` counts the ring iterations of its earlier ones); Q gets an
 empty barrier, released once every ``Q K^T`` of the tile has completed, so the producer loads the next
-tile's Q, K and V while the consumers finish this one; warpgroup 1 hands its last turn to warpgroup 0's next
-tile. O leaves through the staging tile as in the one-tile form.
+tile's Q, K and V while the consumers finish this one; the last warpgroup hands its last turn to warpgroup 0's
+next tile. O leaves through the staging tile as in the one-tile form.
 
 **Tiles pipelined** (the persistent form wherever ``carver.attention.ws_tiles_pipelined`` holds: its extra
-registers fit beside the fragments, which leaves out 160 keys at d128): a tile's end overlaps the next tile's
+registers fit beside the fragments, which leaves out 160 keys at d128 with two consumer warpgroups and 128
+keys at d64 or 64 at d128 with three): a tile's end overlaps the next tile's
 start (cuDNN's 8-trip loop at 1k suggests it does the same). Q has two buffers (the round loop runs in pairs,
 so each buffer's index is a constant), each with a full and an empty barrier. Step 0 of every tile after a
 CTA's first also issues the previous tile's last ``P V`` in its turn; the previous tile's normalisation and
-store then follow this tile's first softmax. (Only the normalisation overlaps the other warpgroup's GEMMs:
-TileLang's 256-thread barriers around the staging writes meet both warpgroups there.) O is staged in the
+store then follow this tile's first softmax. (Only the normalisation overlaps the other warpgroups' GEMMs:
+TileLang's barriers around the staging writes meet every consumer warpgroup there.) O is staged in the
 previous tile's Q buffer (so the shared memory is the per-tile form's: two tiles of ``block_M x dim`` beside
 the ring), which goes back to the producer only once the TMA store has read it. The store is issued and
 committed in step 0 without a wait; the thread that issued it waits for the read after step 1's turn (step 1
 is a copy apart from the loop over steps 2.., so that loop has no branch for it; after the tile's only step
 if it has one), and its warp then releases the buffer: waiting in step 0 held warpgroup 0's next turn, and
-the other warpgroup with it, 2-5% at 1k (H200). The CTA's last tile ends after the round loop. Round 0 is
+the other warpgroups with it, 2-5% at 1k (H200). The CTA's last tile ends after the round loop. Round 0 is
 peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one
 does (C7513 / C7514).
 
@@ -64,7 +69,7 @@ them, so nvcc cannot hoist the softmax above the wait nor sink the write of P ab
 # No `from __future__ import annotations`: TileLang reads the T.prim_func's annotations as expressions.
 from typing import TYPE_CHECKING
 
-from carver.attention import WS_CONSUMER_REGS, WS_PRODUCER_REGS, WS_PRODUCER_THREADS, ws_tiles_pipelined
+from carver.attention import WS_PRODUCER_THREADS, ws_regs, ws_tiles_pipelined
 
 from . import fastmath
 from .config import AttentionConfig, AttentionProblem
@@ -74,8 +79,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TURN_BARRIERS", "ws_program"]
 
-#: Named barrier ids of the two warpgroups' turns, clear of the ids TileLang takes for its own syncs.
-TURN_BARRIERS = (8, 9)
+#: Named barrier ids of the consumer warpgroups' turns, clear of the ids TileLang takes for its own syncs.
+TURN_BARRIERS = (8, 9, 10)
 
 
 def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
@@ -87,8 +92,10 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
     groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
     bm, bn, st = config.block_M, config.block_N, config.num_stages
-    ct = config.threads  # 256: two consumer warpgroups
-    wg_rows = bm // 2
+    ct = config.threads  # 256 or 384: two or three consumer warpgroups of 64 rows
+    nwg = ct // 128
+    wg_rows = bm // nwg
+    producer_regs, consumer_regs = ws_regs(ct)
     scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
     q_shape = (B, S, H, D)
     kv_shape = (B, S, problem.kv_heads, D)
@@ -100,7 +107,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     tiles = B * H * nq
     # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
     persistent = min(config.persistent, tiles)
-    turn0, turn1 = TURN_BARRIERS
+    turn0, turn1, turn2 = TURN_BARRIERS
 
     @T.macro
     def mask(acc_s, bx, k):
@@ -131,14 +138,23 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     def wait_turn(wg):
         if wg == 0:
             T.sync_threads(turn0, 256)
-        else:
+        elif nwg == 2:
             T.sync_threads(turn1, 256)
+        elif wg == 1:
+            T.sync_threads(turn1, 256)
+        else:
+            T.sync_threads(turn2, 256)
 
     @T.macro
     def pass_turn(wg, more):
-        """Hand the tensor cores to the other warpgroup (warpgroup 1's last hand-over has no taker)."""
+        """Hand the tensor cores to the next warpgroup (the last warpgroup's last hand-over has no taker)."""
         if wg == 0:
             T.named_barrier_arrive(turn1, 256)
+        elif nwg == 2:
+            if more:
+                T.named_barrier_arrive(turn0, 256)
+        elif wg == 1:
+            T.named_barrier_arrive(turn2, 256)
         elif more:
             T.named_barrier_arrive(turn0, 256)
 
@@ -262,7 +278,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                 scores_sum, logsum, q_bar, k_full, v_full, k_empty, v_empty, bx, by, bz, steps, base, j,
                 more, wg, tx):
         """Consumers, one tile over ring iterations ``base`` to ``base + steps - 1``; ``more``: this CTA has
-        another tile, so warpgroup 1 hands its last turn on to warpgroup 0's next tile."""
+        another tile, so the last warpgroup hands its last turn on to warpgroup 0's next tile."""
         T.fill(acc_o, 0)
         T.fill(logsum, 0)
         T.fill(scores_max, -T.infinity(accum))
@@ -436,14 +452,14 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             last = T.alloc_local((1,), "int32")  # the round of the CTA's last tile so far
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
-                T.set_max_nreg(WS_PRODUCER_REGS, 0)
+                T.set_max_nreg(producer_regs, 0)
                 for w2 in T.serial(-(-rounds // 2)):  # in pairs: each Q buffer's index a constant
                     produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
                                       2 * w2, 0, ids, ring_p)
                     produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
                                       2 * w2 + 1, 1, ids, ring_p)
-            else:  # the two consumer warpgroups
-                T.set_max_nreg(WS_CONSUMER_REGS, 1)
+            else:  # the consumer warpgroups
+                T.set_max_nreg(consumer_regs, 1)
                 wg = tx // 128
                 if wg == 0:
                     T.named_barrier_arrive(turn0, 256)  # warpgroup 0 takes the first turn
@@ -492,7 +508,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             base = T.alloc_var("int32", init=0)  # ring iterations of the CTA's tiles before this one
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
-                T.set_max_nreg(WS_PRODUCER_REGS, 0)
+                T.set_max_nreg(producer_regs, 0)
                 for w in T.serial(rounds):
                     bx, by, bz, live = tile_of(w, ids)
                     if live:
@@ -501,8 +517,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                                 bx, by, bz, steps, ring(base), w)
                         if persistent:
                             base = base + steps
-            else:  # the two consumer warpgroups
-                T.set_max_nreg(WS_CONSUMER_REGS, 1)
+            else:  # the consumer warpgroups
+                T.set_max_nreg(consumer_regs, 1)
                 wg = tx // 128
                 if wg == 0:
                     T.named_barrier_arrive(turn0, 256)  # warpgroup 0 takes the first turn
