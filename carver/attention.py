@@ -177,9 +177,10 @@ ATTENTION_WS_GRID: dict[str, tuple[Any, ...]] = {
 #  4 x 4k and 1 x 16k without the mask, 0.90-0.96 at 1k (benchmarks/data/attention-bn160-2026-11-29-h200).
 #  176 keys: legal at d64 only (196 fragment registers at d128); at d64 the best or within 1% of it on four of
 #  six shapes, 0.94 of cuDNN at 8 x 1k against 0.92 for 128 keys (benchmarks/data/attention-storewait-2026-11-29-h200).
-#  Three warpgroups (192 rows, 160 registers a thread: 128 x 96 and 192 x 128 at d64, 192 x 64 at d128): over the
-#  best two-warpgroup config 1.05-1.10 at 4 x 4k and 16k d64 without the mask, 1.04 at 16k causal; 0.96 at 1k (a
-#  sixth of the last query block is past seq_len), 0.86 at 1k causal (benchmarks/data/attention-w3-2026-11-29-h200).
+#  Three warpgroups (192 rows, 160 registers a thread: 192 x 96 and 192 x 128 at d64, 192 x 64 at d128): over the
+#  best two-warpgroup config 1.08-1.10 at 4 x 4k and 16k d64 without the mask, 1.03-1.04 at 4 x 4k and 16k causal;
+#  0.95 at 1k (two thirds of each head's last 192-row block is past seq_len), 0.91 at 1k causal
+#  (benchmarks/data/attention-w3-2026-11-29-h200).
 #: Points of the ws grid left out until measured: 160 and 176 keys in three stages (legal at d64 only), 96 keys
 #: with two warpgroups or three stages, 64 keys with three warpgroups in three stages never ran.
 _WS_UNMEASURED: tuple[dict[str, Any], ...] = (
@@ -290,7 +291,8 @@ def _ws_problems(c: Mapping[str, Any]) -> list[str]:
     out = []
     if c["threads"] // 128 not in WS_REGS or c["threads"] % 128:
         out.append(f"variant='ws' runs two or three consumer warpgroups (threads=256 or 384; the 128-thread producer "
-                   f"is launched on top), got threads={c['threads']}; use threads=256")
+                   f"is launched on top), got threads={c['threads']}; use threads=256 with block_M=128 or threads=384 "
+                   f"with block_M=192")
     elif c["block_M"] != c["threads"] // 2:
         # 64 rows each: at 256 rows over two warpgroups the Q K^T accumulator deals rows 0-63 and 128-191 to
         # warpgroup 0, the P V operand wants rows 0-127 there (TileLang 0.1.15: "Layout infer conflict between
@@ -315,7 +317,7 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
     out = []
     bm, bn, t = c["block_M"], c["block_N"], c["threads"]
     warps = t // 32
-    if bm % (16 * warps):
+    if bm % (16 * warps) and c["variant"] != "ws":  # the ws rules pair block_M with threads, which implies this
         fit = max(w for w in range(1, warps + 1) if (bm // 16) % w == 0)
         out.append(f"threads={t} is {warps} warps, each owning whole rows of the {bm}x{bn} score tile (FullRow, "
                    f"16 rows at least), so block_M must be a multiple of {16 * warps}, got block_M={bm}; use "

@@ -211,14 +211,19 @@ NVCC_CASES = {
     "persistent-gqa-full-d64-s1000-bn176": (dict(batch=2, heads=32, seq_len=1000, dim=64, kv_heads=8),
                                             ws(176, 2, persistent=132)),
     # three consumer warpgroups (192 rows, 160 registers a thread, the turn passed round three barriers): tiles
-    # pipelined (96 keys at d64), per tile (128 keys at d64, 128 fragment registers: the pipelined form spills),
-    # one tile per CTA (64 keys at d128)
+    # pipelined (96 keys at d64), per tile (128 keys at d64, 128 fragment registers, and 64 at d128, 112: the
+    # pipelined form spills at both), one tile per CTA (64 keys at d128)
     "persistent-gqa-causal-d64-s4001-bn96-3wg": (dict(batch=2, heads=32, seq_len=4001, dim=64, kv_heads=8,
                                                       causal=True), ws(96, 2, bm=192, threads=384, persistent=132)),
     "persistent-gqa-full-d64-s4096-bn128-3stages-3wg": (dict(batch=4, heads=32, seq_len=4096, dim=64, kv_heads=8),
                                                         ws(128, 3, bm=192, threads=384, persistent=132)),
     "mha-full-d128-bf16-s1000-bn64-3wg": (dict(batch=2, heads=4, seq_len=1000, dim=128, dtype="bfloat16"),
                                           ws(64, 2, bm=192, threads=384)),
+    # at the three-warpgroup register limit with the mask: 128 fragment registers (d64), 112 (d128), per tile
+    "persistent-gqa-causal-d64-s4000-bn128-3wg": (dict(batch=1, heads=32, seq_len=4000, dim=64, kv_heads=8,
+                                                       causal=True), ws(128, 2, bm=192, threads=384, persistent=132)),
+    "persistent-gqa-causal-d128-s1000-bn64-3wg": (dict(batch=2, heads=32, seq_len=1000, dim=128, kv_heads=8,
+                                                       causal=True), ws(64, 2, bm=192, threads=384, persistent=132)),
 }
 
 
@@ -239,6 +244,8 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     nwg = cfg.threads // 128  # consumer warpgroups
     assert f"__launch_bounds__({cfg.threads + 128}, 1)" in src
     low, high = ws_regs(cfg.threads)
+    assert (low, high) == {256: (40, 232), 384: (32, 160)}[cfg.threads]  # FA3's; the register file is 64K
+    assert 128 * low + cfg.threads * high <= 65536
     producer, consumer = src.split(f"warpgroup_reg_dealloc<{low}>()")[1].split(f"warpgroup_reg_alloc<{high}>()")
     # the producer: Q once, then K and V, each after its empty barrier, by TMA; no wgmma
     assert "tma_load(Q_desc" in producer and "k_empty[" in producer and "v_empty[" in producer
@@ -251,11 +258,20 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     loops = [m.start() for m in re.finditer(r"for \(int k_\d+ = [12];", consumer)]  # the key steps after step 0
     loop = consumer[loops[0]:]
     turn = loop[loop.index(f"__sync_thread_partial({a}, 256)"):loop.index(f"__named_barrier_arrive({b}, 256)")]
+    # warpgroup w waits on barrier w and hands over on barrier w + 1 (the last on 0, where it has a taker)
+    wg_is = r"if \(\(\(\(int\)threadIdx\.x\) >> 7\) == {}\) \{{\s*"
+    waits = [f"tl::__sync_thread_partial({TURN_BARRIERS[w]}, 256);" for w in range(nwg)]
+    passes = [f"tl::__named_barrier_arrive({TURN_BARRIERS[(w + 1) % nwg]}, 256);" for w in range(nwg)]
+    for calls in (waits, passes):
+        chain = "".join(wg_is.format(w) + re.escape(c) + r"\s*\} else \{\s*" for w, c in enumerate(calls[:-1]))
+        # the last: maybe under `more` (whose value the persistent forms compute in place), before any other turn
+        assert re.search(chain + r"(?s:(?:(?!__sync_thread_partial|__named_barrier).)*?)" + re.escape(calls[-1]), loop)
     assert "wgmma_ss<" in turn and "wgmma_rs<" in turn and turn.index("wgmma_ss<") < turn.index("wgmma_rs<")
     # S is read after wait_wgmma<1> (P V still in flight), P rewritten only after wait_wgmma<0>
     assert loop.index("wait_wgmma<1>") < loop.index("k_empty[") < loop.index("wait_wgmma<0>") < loop.index("v_empty[")
     pipelined = ws_tiles_pipelined(p, cfg.kernel_kwargs())
-    assert pipelined == (cfg.persistent > 0 and (nwg, p.dim, cfg.block_N) not in {(2, 128, 160), (3, 64, 128)})
+    per_tile = {(2, 128, 160), (3, 64, 128), (3, 128, 64)}  # (warpgroups, dim, keys) where the pipelined form spills
+    assert pipelined == (cfg.persistent > 0 and (nwg, p.dim, cfg.block_N) not in per_tile)
     # pipelined: rounds 0, 1 and 2 are separate copies (round 0 peeled, then pairs, one per Q buffer). In rounds
     # 1 and 2, step 0 also waits for S with the previous tile's last P V in flight, and step 1 (which releases
     # the previous tile's Q buffer) stands apart from the loop over steps 2..: seven key steps in the source
@@ -285,11 +301,14 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
             releases = [m.start() for m in re.finditer(re.escape(f"q_empty[{q}].arrive()"), consumer)]
             assert len(releases) == 1 + one_step
             for release in releases:
-                elect = consumer.rindex("if (tl::tl_shuffle_elect<256>())", 0, release)
+                elect = consumer.rindex(f"if (tl::tl_shuffle_elect<{cfg.threads}>())", 0, release)
                 block = consumer[elect:release]
                 assert "tma_store(" not in block
                 assert block.index("tma_store_wait<0, true>()") < block.index("__syncwarp()")
                 store = consumer.rindex("tma_store(Output_desc", 0, elect)
+                # the thread that waits for the store's read is the one TileLang elected to issue it
+                assert consumer.rindex("if (tl::tl_shuffle_elect<", 0, store) == consumer.rindex(
+                    f"if (tl::tl_shuffle_elect<{cfg.threads}>())", 0, store)
                 assert stored_buffer(store) == q  # the buffer released is the one its store read
                 assert consumer.index("tma_store_arrive()", store) < consumer.index("wgmma_ss<", store) < \
                     consumer.index("tma_store_wait", store) < release
@@ -353,7 +372,8 @@ def test_ws_matches_the_fp32_reference(shape):
     configs = (ws(128, 2), ws(64, 1), ws(64, 3), ws(128, 2, persistent=132), ws(64, 3, persistent=5),
                ws(128, 2, persistent=1), ws(64, 1, persistent=132), ws(160, 2), ws(160, 2, persistent=132),
                ws(160, 2, persistent=5))
-    # three consumer warpgroups (192 rows): 64 keys at any dim, pipelined on 5 CTAs; 96 and 128 keys at d64
+    # three consumer warpgroups (192 rows): 64 keys at any dim (on 5 CTAs: tiles pipelined at d64, per tile at
+    # d128); 96 keys (pipelined) and 128 (per tile) at d64
     configs += (ws(64, 2, bm=192, threads=384), ws(64, 2, bm=192, threads=384, persistent=5))
     if p.dim == 64:  # 176 keys: legal at d64 only
         configs += (ws(176, 2), ws(176, 2, persistent=5), ws(128, 2, bm=192, threads=384),

@@ -94,6 +94,9 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     bm, bn, st = config.block_M, config.block_N, config.num_stages
     ct = config.threads  # 256 or 384: two or three consumer warpgroups of 64 rows
     nwg = ct // 128
+    if ct not in (256, 384) or bm != 64 * nwg:  # the carver's rules refuse these; a caller that skipped them
+        raise ValueError(f"variant='ws' runs two or three consumer warpgroups of 64 rows: threads=256 with block_M=128 "
+                         f"or threads=384 with block_M=192, got threads={ct}, block_M={bm}")
     wg_rows = bm // nwg
     producer_regs, consumer_regs = ws_regs(ct)
     scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
@@ -190,7 +193,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     def release_stored(q_empty, qs, tx):
         """Q buffer ``qs`` back to the producer once the TMA store of the O staged in it has read it: the
         thread that issued the store (the same election) waits for the read, then its warp arrives."""
-        if T.shuffle_elect(256):
+        if T.shuffle_elect(ct):  # TileLang's own election for the store: one thread of all the consumers'
             T.tma_store_wait(0)
         T.sync_warp()
         release(q_empty, qs, tx)
