@@ -8,8 +8,10 @@ Per shape (``B,H,H_kv,S,D,causal`` as in ``benchmarks/attention.py``; the six Ll
 
 1. **check**, in a child process with a time limit (``--check-timeout``): every ws config the carver's
    rules accept on this GPU (``templates.attention.space.ws_space``) is compiled and its output compared
-   with the fp32 reference (zero mismatches at atol = rtol = 1e-2). A deadlocked or crashing kernel is a
-   row that says so, not a hung benchmark; TileLang's disk cache hands the compiled kernels to the parent.
+   with the fp32 reference (zero mismatches at atol = rtol = 1e-2), in the model's order, so the time limit
+   cuts the configs tuning would measure last. A deadlocked or crashing kernel (no answer ``STALL_S`` into
+   its check) is a row that says so, not a hung benchmark; the config the time limit cut sooner is a row with
+   ``correct`` None; TileLang's disk cache hands the compiled kernels to the parent.
 2. **measure**: the plain top-8 (``candidates(..., variants=False)``) and the ws configs that passed, each
    checked again and timed once.
 3. **race**: the best plain config, the best ws config and the SDPA backends in ``--rounds`` interleaved
@@ -49,27 +51,49 @@ def check_in_child(args: argparse.Namespace, shape: tuple) -> list[dict[str, Any
     except subprocess.TimeoutExpired:
         log(f"check {label(shape, args.dtype)}: no answer in {args.check_timeout} s (deadlock?)")
     data = json.loads(out.read_text()) if out.exists() else {"rows": [], "running": None}
-    if "running" in data:  # the child died or hung there: the config it was checking is not correct
-        data["rows"].append({"config": data["running"], "correct": False,
-                             "error": f"the check crashed or did not finish in {args.check_timeout} s"})
+    if data.get("running"):
+        data["rows"].append(unfinished(data["running"], time.time() - data["since"], args.check_timeout))
     return data["rows"]
+
+
+#: Seconds one config's check may take before it counts as hung (they take 2-5 s on an H200 after the compiles).
+STALL_S = 30.0
+
+
+def unfinished(config: dict[str, Any], ran_s: float, limit_s: float) -> dict[str, Any]:
+    """The row of the config the child was checking when it stopped: wrong if it ran ``STALL_S`` or more (a
+    deadlock, a crash), else unchecked (``correct`` None: the shape's time limit ran out while it ran)."""
+    if ran_s >= STALL_S:
+        return {"config": config, "correct": False,
+                "error": f"the check crashed or hung: no answer {ran_s:.0f} s into this config"}
+    return {"config": config, "correct": None,
+            "error": f"not checked: the shape's {limit_s:.0f} s check limit ran out {ran_s:.0f} s into it"}
+
+
+def check_order(problem: Any, arch: Any) -> list[Any]:
+    """Every ws config ``arch`` runs for ``problem``, in the model's order: a time limit cuts the configs tuning
+    would measure last (its first are the ws configs ``candidates`` adds)."""
+    from templates.attention import ATTENTION, AttentionConfig
+    from templates.attention.space import carver_template, ws_space
+
+    legal = [c for c in ws_space(problem, arch) if not ATTENTION.check(problem, c, arch)]
+    return [AttentionConfig(**c) for c in carver_template(problem, arch).rank(c.kernel_kwargs() for c in legal).configs]
 
 
 def child(args: argparse.Namespace) -> int:
     """Compile and check every legal ws config of one shape; rows written as they finish."""
     from templates.attention import ATTENTION
-    from templates.attention.space import ws_space
 
     b = Bench(args)
     shape = args.child
     problem = b.problem(shape)
-    configs = [c for c in ws_space(problem, b.arch) if not ATTENTION.check(problem, c, b.arch)]
+    configs = check_order(problem, b.arch)
     qkv = b.inputs(shape)
     ref = ATTENTION.reference(problem)(*qkv)
     compile_all(ATTENTION, problem, configs, args.jobs)  # in parallel, into TileLang's disk cache
     rows = []
     for cfg in configs:  # one at a time, so a hang names its config in the file
-        dump(Path(args.out), {"running": cfg.to_dict(), "rows": rows})
+        dump(Path(args.out), {"running": cfg.to_dict(), "since": time.time(), "rows": rows})
         (row,) = measure_configs(ATTENTION, problem, [cfg], qkv, ref, b.clock, args.jobs)
         rows.append(row)
         log(f"check {label(shape, args.dtype)} {cfg}: correct {row['correct']} mismatches "
@@ -137,8 +161,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                "persistent_vs_cudnn": ratio(ms, "cudnn", "persistent"),
                "predicted_ms": {config_id(c.to_dict()): tmpl.predict(c.kernel_kwargs()).latency_ms
                                 for c in plain + good}}
-        bad = [r for r in checked if not r.get("correct")]
-        log(f"{name}: ws {len(checked) - len(bad)}/{len(checked)} correct; "
+        bad = [r for r in checked if r.get("correct") is False]
+        cut = [r for r in checked if r.get("correct") is None]
+        log(f"{name}: ws {len(checked) - len(bad) - len(cut)}/{len(checked) - len(cut)} correct ({len(cut)} cut); "
             + ", ".join(f"{n} {m:.3f} ms" for n, m in ms.items())
             + f"; ws/plain {row['ws_speedup_vs_plain']}, persistent/ws {row['persistent_vs_ws']}, "
             f"persistent/cudnn {row['persistent_vs_cudnn']}")
@@ -156,7 +181,8 @@ def table(rows: list[dict[str, Any]]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tf, n_ok = r["tflops"], sum(1 for c in r["check"] if c.get("correct"))
-        lines.append(f"| {r['shape']} | {n_ok}/{len(r['check'])} | {tf.get('plain', 0):.0f} | {tf.get('ws', 0):.0f} | "
+        n_checked = sum(1 for c in r["check"] if c.get("correct") is not None)
+        lines.append(f"| {r['shape']} | {n_ok}/{n_checked} | {tf.get('plain', 0):.0f} | {tf.get('ws', 0):.0f} | "
                      f"{tf.get('persistent', 0):.0f} | {tf.get('cudnn', 0):.0f} | {f(r['ws_speedup_vs_plain'])} | "
                      f"{f(r.get('persistent_vs_ws'))} | {f(r.get('persistent_vs_cudnn'))} | {f(r['ws_vs_cudnn'])} | "
                      f"{(r['best_ws'] or {}).get('config')} | {(r.get('best_persistent') or {}).get('config')} |")

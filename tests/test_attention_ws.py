@@ -484,3 +484,26 @@ def test_ws3_overlap_is_the_fit_of_the_raced_configs():
         top3 = sorted(predicted, key=predicted.get)[:3]
         best = min(row["ms"][n] for n in predicted)
         assert min(row["ms"][n] for n in top3) < (1.03 if row in fitted else 1.04) * best, (row["shape"], top3)
+
+
+def test_the_ws_benchmark_tells_a_hang_from_its_time_limit():
+    """``benchmarks/attention_ws.py`` checks a shape's ws configs in a child with a time limit. The config the child
+    was checking when it stopped is wrong only if it had run ``STALL_S`` (a deadlock or a crash); cut sooner, it
+    is unchecked (the 2026-11-29 sweep marked a config that had run 4 s, after 16 that took 2.5 s each, as crashed).
+    And it checks in the model's order, so the limit cuts what tuning would measure last."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention_ws
+
+    cfg = ws(64, bm=192, threads=384, persistent=132).to_dict()
+    cut = attention_ws.unfinished(cfg, 4.0, 110.0)
+    assert cut["correct"] is None and "110 s check limit ran out 4 s into it" in cut["error"]
+    hung = attention_ws.unfinished(cfg, attention_ws.STALL_S + 1, 110.0)
+    assert hung["correct"] is False and "crashed or hung" in hung["error"] and hung["config"] == cfg
+    # checked in the model's order: the ws configs tuning measures come first, every legal one comes
+    p = AttentionProblem(batch=4, heads=32, seq_len=2048, dim=64, kv_heads=8, causal=True)
+    order = attention_ws.check_order(p, CUDA("H200"))
+    assert order[:WS_TOP] == ATTENTION.candidates(p, CUDA("H200"), 8)[8:]
+    assert sorted(map(str, order)) == sorted(str(c) for c in ws_space(p, CUDA("H200")) if not ATTENTION.check(
+        p, c, CUDA("H200")))
