@@ -70,24 +70,15 @@ def unfinished(config: dict[str, Any], ran_s: float, limit_s: float) -> dict[str
             "error": f"not checked: the shape's {limit_s:.0f} s check limit ran out {ran_s:.0f} s into it"}
 
 
-def check_order(problem: Any, arch: Any) -> list[Any]:
-    """Every ws config ``arch`` runs for ``problem``, in the model's order: a time limit cuts the configs tuning
-    would measure last (its first are the ws configs ``candidates`` adds)."""
-    from templates.attention import ATTENTION, AttentionConfig
-    from templates.attention.space import carver_template, ws_space
-
-    legal = [c for c in ws_space(problem, arch) if not ATTENTION.check(problem, c, arch)]
-    return [AttentionConfig(**c) for c in carver_template(problem, arch).rank(c.kernel_kwargs() for c in legal).configs]
-
-
 def child(args: argparse.Namespace) -> int:
     """Compile and check every legal ws config of one shape; rows written as they finish."""
     from templates.attention import ATTENTION
+    from templates.attention.space import ws_ranked
 
     b = Bench(args)
     shape = args.child
     problem = b.problem(shape)
-    configs = check_order(problem, b.arch)
+    configs = ws_ranked(problem, b.arch)  # the model's order: a time limit cuts what tuning would measure last
     qkv = b.inputs(shape)
     ref = ATTENTION.reference(problem)(*qkv)
     compile_all(ATTENTION, problem, configs, args.jobs)  # in parallel, into TileLang's disk cache

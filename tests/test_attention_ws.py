@@ -16,7 +16,7 @@ from carver.arch import CUDA
 from carver.attention import AttentionTemplate, check_attention_config, ws_regs, ws_tiles_pipelined
 from templates import attention
 from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
-from templates.attention.space import WS_TOP, ws_space
+from templates.attention.space import WS_TOP, ws_ranked, ws_space
 from templates.attention.ws_program import TURN_BARRIERS
 
 LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
@@ -501,9 +501,9 @@ def test_the_ws_benchmark_tells_a_hang_from_its_time_limit():
     assert cut["correct"] is None and "110 s check limit ran out 4 s into it" in cut["error"]
     hung = attention_ws.unfinished(cfg, attention_ws.STALL_S + 1, 110.0)
     assert hung["correct"] is False and "crashed or hung" in hung["error"] and hung["config"] == cfg
-    # checked in the model's order: the ws configs tuning measures come first, every legal one comes
+    # checked in the model's order (space.ws_ranked): the ws configs tuning measures first, and every legal one
     p = AttentionProblem(batch=4, heads=32, seq_len=2048, dim=64, kv_heads=8, causal=True)
-    order = attention_ws.check_order(p, CUDA("H200"))
+    order = ws_ranked(p, CUDA("H200"))
     assert order[:WS_TOP] == ATTENTION.candidates(p, CUDA("H200"), 8)[8:]
     assert sorted(map(str, order)) == sorted(str(c) for c in ws_space(p, CUDA("H200")) if not ATTENTION.check(
         p, c, CUDA("H200")))

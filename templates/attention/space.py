@@ -25,7 +25,8 @@ from .config import AttentionConfig, AttentionProblem
 if TYPE_CHECKING:
     from carver.arch import GPUArch
 
-__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "space", "tiles", "ws_space"]
+__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "space", "tiles", "ws_ranked",
+           "ws_space"]
 
 #: At most this many of the top-k share a (block_M, block_N): every stage variant of a tile shape (the
 #: calibrated model orders them by margins of ~1%, a near tie that tuning settles), and the rest of the
@@ -98,6 +99,12 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
             break
     picked += [c for c in ranked if c not in picked][: topk - len(picked)]
     if variants:
-        ws = tmpl.rank(c.kernel_kwargs() for c in ws_space(problem, arch)).configs
-        picked += [AttentionConfig(**c) for c in ws[:WS_TOP]]
+        picked += ws_ranked(problem, arch)[:WS_TOP]
     return picked
+
+
+def ws_ranked(problem: AttentionProblem, arch: GPUArch | str) -> list[AttentionConfig]:
+    """Every config of :func:`ws_space` that ``arch`` runs, in the model's order (the first :data:`WS_TOP` are
+    what :func:`candidates` adds)."""
+    tmpl = carver_template(problem, arch)
+    return [AttentionConfig(**c) for c in tmpl.rank(c.kernel_kwargs() for c in ws_space(problem, tmpl.arch)).configs]

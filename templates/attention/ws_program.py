@@ -88,15 +88,14 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     import tilelang.language as T
 
     from .program import key_steps  # program.py imports this module
+    from .space import require
 
     B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
     groups, causal, dtype, accum = problem.groups, problem.causal, problem.dtype, "float32"
     bm, bn, st = config.block_M, config.block_N, config.num_stages
+    require(problem, config)  # the carver's rules (a caller may have skipped them): 64 rows a consumer warpgroup
     ct = config.threads  # 256 or 384: two or three consumer warpgroups of 64 rows
     nwg = ct // 128
-    if ct not in (256, 384) or bm != 64 * nwg:  # the carver's rules refuse these; a caller that skipped them
-        raise ValueError(f"variant='ws' runs two or three consumer warpgroups of 64 rows: threads=256 with block_M=128 "
-                         f"or threads=384 with block_M=192, got threads={ct}, block_M={bm}")
     wg_rows = bm // nwg
     producer_regs, consumer_regs = ws_regs(ct)
     scale = (1.0 / D) ** 0.5 * 1.44269504  # 1/sqrt(D) and log2(e): the softmax in exp2
