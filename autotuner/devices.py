@@ -27,6 +27,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -152,7 +153,7 @@ class _Worker(threading.Thread):
             fut, fn, _ = job
             if not (fut.running() or fut.set_running_or_notify_cancel()):  # running: handed on by a lost device
                 continue
-            self.busy = True
+            self.busy = not getattr(fn, "housekeeping", False)  # what close() aborts: a candidate, not a release
             try:
                 if error is not None:
                     raise error
@@ -314,8 +315,12 @@ class DevicePool:
         """Free a problem's inputs on every device, before the next candidate each device takes; returns at
         once. A failed release is logged (nobody waits on it); a candidate of a failed problem still running
         when it is released gets another release when it ends (:mod:`.job`)."""
+        def free(w: _Worker) -> None:
+            w.bench.release(sid)
+
+        free.housekeeping = True  # type: ignore[attr-defined] - close() lets it end (it keeps the process usable)
         for w in list(self._alive):
-            self._on(w, lambda w: w.bench.release(sid)).add_done_callback(functools.partial(_log_failed_release, sid))
+            self._on(w, free).add_done_callback(functools.partial(_log_failed_release, sid))
 
     def local_kernel(self, sid: int, index: int) -> Any | None:
         """Never: candidates live in the measuring processes; the caller loads the winner itself."""
@@ -330,9 +335,11 @@ class DevicePool:
         w = self._measured_on.get((sid, index))
         return w.bench.measured_hash(sid, index) if w is not None and w.bench is not None else None
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
         """Cancel what no device has taken, kill the measuring processes still busy with a candidate (a run
-        that stops early), and let each thread close its process and end. Returns at once."""
+        that stops early; not one freeing a problem's inputs), and let each thread close its process and end.
+        Returns at once, or once every thread has ended, but after ``wait`` seconds at most (a Ray run: its
+        threads hand their actors back for the next run, :mod:`.ray_cluster`)."""
         with self._cond:
             self._closed = True
             pending = list(self._shared)
@@ -346,3 +353,11 @@ class DevicePool:
         for w in self._workers:
             if w.busy and w.bench is not None:
                 w.bench.abort()
+        if wait > 0:
+            deadline = time.monotonic() + wait
+            for w in self._workers:
+                if w is not threading.current_thread():
+                    w.join(max(0.0, deadline - time.monotonic()))
+            for w in self._workers:  # still closing: ended, so that nothing of the run goes on after it
+                if w.is_alive() and w.bench is not None:
+                    w.bench.abort()

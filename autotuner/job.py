@@ -251,7 +251,12 @@ class _Job:
                                       "isolate=True (the default) such a candidate costs only its own trial") from None
         finally:
             self.bar.close()
-            bench.close()
+            if isinstance(bench, DevicePool) and rs.backend == "ray":
+                from .ray_cluster import HANDBACK_S  # its actors kept before this returns (ray.shutdown() may follow)
+
+                bench.close(wait=HANDBACK_S)
+            else:
+                bench.close()
             tl.mark("job end")
             logger.info("timeline (s since the plan): %s", tl.line())
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib.util
 import logging
 import os
@@ -41,7 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import procs, spares
@@ -50,8 +51,8 @@ from .compile import CompileOutcome, compile_task
 from .devices import Device, DeviceLost, device_name
 from .trial import Status, format_error
 
-__all__ = ["ANY_MODEL", "CompileHost", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "host_slots",
-           "prestart_actors", "prestart_compile_hosts", "resolve_ray_devices", "worker_runtime_env"]
+__all__ = ["ANY_MODEL", "CompileHost", "MeasuringActor", "RayBench", "compile_on_ray", "connect", "end_kept",
+           "host_slots", "prestart_actors", "prestart_compile_hosts", "resolve_ray_devices", "worker_runtime_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,15 @@ HOST_SHUTDOWN_S = 5.0
 #: take it before it ends itself: the plan was never tuned, or its run stopped during the plan. A job takes
 #: none older than :data:`.spares.MAX_AGE_S`.
 UNCLAIMED_EXIT_S = spares.MAX_AGE_S + 120.0
+#: Seconds the measuring actors and compile hosts of a run that ended wait for this process's next run (which
+#: takes them, imports done and GPUs started: :func:`prestart_actors`, :func:`prestart_compile_hosts`) before
+#: they end themselves and free their GPUs and CPUs; :func:`end_kept` ends them at once.
+KEEP_S = 60.0
+#: A kept actor or host is taken only if it has this many seconds left before it ends itself.
+KEEP_MARGIN_S = 15.0
+#: Seconds a plan waits for the measuring actors of a run that is ending (its devices' threads hand them
+#: back) before it starts new ones: run after run, the next plan takes them rather than waiting for GPUs.
+HANDBACK_S = 5.0
 
 
 def connect() -> Any:
@@ -224,14 +234,12 @@ class MeasuringActor:
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
         self.device = device
-        import ray
-
-        if ray.get_runtime_context().was_current_actor_reconstructed:  # restarted by Ray during its job's run
-            self._claimed = threading.Event()
-            self._claimed.set()
-        else:
-            self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
+        # restarted by Ray (during its job's run, or while kept): ends itself too unless a job calls it
+        self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
+        self._up_at = up
+        self._runs = 0  # jobs it has served
         self._stamps = [(up, "process up"), *start_device(device)]  # a job's timeline
+        self._flags = _torch_flags()
         self.benches: Benches | None = None
 
     def _benches(self, payload: list) -> Benches:
@@ -259,6 +267,79 @@ class MeasuringActor:
     def call(self, msg: tuple, payload: list) -> tuple[str, Any]:
         return serve_one(self._benches(payload), msg)
 
+    def keep(self, after: float) -> str | None:
+        """Its job is over: free the job's problems (inputs, references, kernels) and, unless it should not
+        serve another job (the reason is returned: the driver then ends it), wait ``after`` seconds for one
+        of the driver's, then end (:func:`_end_unless_claimed`). Its imports, its CUDA context and its L2
+        flush buffer stay: the next job measures at once. Not kept: one whose GPU has a pending error, one
+        whose torch numerics settings a job changed (a reference that set TF32, say: the next job's
+        reference would run under them), one that served :data:`KEEP_RUNS` jobs."""
+        self._runs += 1
+        if self.benches is not None:
+            self.benches.close()
+        self.benches = None
+        gc.collect()
+        try:
+            if self.device == "cuda":
+                import torch
+
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - its context is not fit for another job
+            return f"its GPU reports an error ({_headline(e)})"
+        if _torch_flags() != self._flags:
+            return "a job changed its torch numerics settings"
+        if self._runs >= KEEP_RUNS:
+            return f"it has served {self._runs} jobs"
+        return self.rearm(after)
+
+    def rearm(self, after: float) -> str | None:
+        """Taken, or kept, for a job that has not called it yet: end unless one does within ``after`` seconds.
+        Refused (the reason is returned) when a module it imported may have changed since (:func:`_stale`)."""
+        stale = _stale(self._up_at)
+        if stale is not None:
+            return stale
+        self._claimed = _rearmed(self._claimed, self._scratch.close, "measuring actor", after)
+        self._stamps = [(time.time(), "kept from an earlier run")]
+        return None
+
+
+#: Jobs a measuring actor serves before it is no longer kept (each leaves loaded kernels in TileLang's caches).
+KEEP_RUNS = 16
+#: Seconds before a process's start within which a changed module file counts as changed after it (clock skew
+#: between a file system and the host).
+STALE_MARGIN_S = 2.0
+
+
+def _stale(since: float) -> str | None:
+    """Whether a module this process has imported may be older than its file: a file whose content or inode
+    changed (``ctime``, which copies and ``touch`` cannot set back; or ``mtime``) at or after ``since``, this
+    process's start, less :data:`STALE_MARGIN_S`. A kept actor or fork server with such a module would run a
+    kernel or reference as it was, not as it is. The file, or ``None``."""
+    for module in list(sys.modules.values()):
+        f = getattr(module, "__file__", None)
+        if not isinstance(f, str):
+            continue
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        if max(st.st_mtime, st.st_ctime) >= since - STALE_MARGIN_S:
+            return f"{f} changed after it was imported ({getattr(module, '__name__', '?')})"
+    return None
+
+
+def _torch_flags() -> tuple:
+    """torch's process-wide numerics settings that a reference may change (``None`` without torch)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    b = torch.backends
+    return (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, torch.get_float32_matmul_precision(),
+            b.cuda.matmul.allow_fp16_reduced_precision_reduction, b.cuda.matmul.allow_bf16_reduced_precision_reduction,
+            torch.are_deterministic_algorithms_enabled(), torch.get_default_dtype(), b.cudnn.deterministic,
+            b.cudnn.benchmark)
+
 
 @dataclass
 class _Spare:
@@ -266,8 +347,14 @@ class _Spare:
     for its job (:mod:`.spares`)."""
 
     actor: Any
-    spawned: float
+    spawned: float  # when it was created, or kept (:func:`_keep`)
     job: str  # the Ray session (:func:`_session`: this process's connection to Ray) it was created in
+    kept: bool = field(default=False, kw_only=True)  # it served an earlier run of this process (:func:`_keep`)
+    path: tuple = field(default_factory=lambda: _path_key(), kw_only=True)  # the import path it was given
+
+    def same_path(self) -> bool:
+        """Whether this process's import path and TileLang cache directory are still the ones it was given."""
+        return self.path == _path_key()
 
     def mine(self) -> bool:
         """Whether it belongs to this process's current Ray connection (an actor of an earlier ``ray.init``
@@ -288,28 +375,136 @@ class _Spare:
             ray.kill(self.actor, no_restart=True)
 
 
-def _end_unless_claimed(cleanup: Any, what: str, after: float, start: threading.Thread | None = None
-                        ) -> threading.Event:
-    """An event that the actor this runs in sets when its job first calls it; unset ``after`` seconds
+def _path_key() -> tuple:
+    """This process's import path and TileLang cache directory, as a run's workers get them (:func:`_import_path`)."""
+    paths, cache_dir = _import_path()
+    return tuple(paths), cache_dir
+
+
+class _Claim:
+    """Whether a job has called the actor this runs in (:meth:`set`), else, once its watch has given up on
+    one (:func:`_end_unless_claimed`), ``ending``: a claim then raises rather than have a job use an actor
+    that is ending itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = threading.Event()
+        self.ending = False
+
+    def set(self) -> None:
+        with self._lock:
+            if self.ending:
+                raise RuntimeError("this actor is ending itself: no job called it in time")
+            self._set.set()
+
+    def is_set(self) -> bool:
+        return self._set.is_set()
+
+    def give_up(self, after: float) -> bool:
+        """Wait ``after`` seconds for a claim; ``True`` (and ``ending``) if none came."""
+        if self._set.wait(after):
+            return False
+        with self._lock:
+            self.ending = not self._set.is_set()
+            return self.ending
+
+
+def _rearmed(claimed: _Claim, cleanup: Any, what: str, after: float) -> _Claim:
+    """A new :func:`_end_unless_claimed` claim for an actor kept or taken for another job; the one it had,
+    ``claimed``, is set first, so that its watch ends (it raises if that watch has given up: the actor is
+    ending)."""
+    claimed.set()
+    return _end_unless_claimed(cleanup, what, after)
+
+
+def _end_unless_claimed(cleanup: Any, what: str, after: float, start: threading.Thread | None = None) -> _Claim:
+    """A claim that the actor this runs in sets when its job first calls it; unset ``after`` seconds
     (:data:`UNCLAIMED_EXIT_S`) after the actor is up (once the thread ``start``, already started, ended), the
     actor runs ``cleanup`` and ends itself for good (Ray does not restart it), so that one started for a plan
     that never reaches its job frees its CPUs or GPU (the driver, a notebook, may live on for hours)."""
-    claimed = threading.Event()
+    claimed = _Claim()
 
     def watch() -> None:
         if start is not None:
             start.join(HOST_START_TIMEOUT_S)  # a start that hangs does not keep it from ending
-        if claimed.wait(after):
+        if not claimed.give_up(after):
             return
         import ray
 
-        logger.warning("this %s was started for a job that did not take it within %g s; it ends", what, after)
+        logger.warning("no job took this %s within %g s; it ends", what, after)
         with contextlib.suppress(Exception):
             cleanup()
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
     threading.Thread(target=watch, name="tilecarve-unclaimed", daemon=True).start()
     return claimed
+
+
+_KEPT_LOCK = threading.Condition()
+_KEPT: dict[tuple, list[_Spare]] = {}  # kind (as :mod:`.spares`) -> actors and hosts of ended runs
+_OPEN_BENCHES = 0  # RayBenches of running jobs, whose actors are handed back when their devices' threads end
+
+
+def _keep(kind: tuple, spare: _Spare) -> None:
+    """Keep ``spare`` (an actor or host whose run ended, told to wait :data:`KEEP_S`) for this process's next run."""
+    spare.spawned, spare.kept = time.time(), True
+    with _KEPT_LOCK:
+        _KEPT.setdefault(kind, []).append(spare)
+
+
+def _take_kept(kind: tuple) -> _Spare | None:
+    """A kept actor or host of ``kind`` with at least :data:`KEEP_MARGIN_S` left before it ends itself, given
+    this process's import path (:meth:`_Spare.same_path`), removed from the kept ones; the others are ended now.
+    Whether what it imported is unchanged is its own to say (:func:`_rearm_taken`)."""
+    with _KEPT_LOCK:
+        kept = _KEPT.pop(kind, [])
+        fresh = [s for s in kept if time.time() - s.spawned < KEEP_S - KEEP_MARGIN_S and s.alive() and s.same_path()]
+        _KEPT[kind] = fresh[1:]
+    for s in kept:
+        if not any(s is f for f in fresh):
+            with contextlib.suppress(Exception):
+                s.close()
+    return fresh[0] if fresh else None
+
+
+def _rearm_taken(spares_: Sequence[_Spare]) -> bool:
+    """Have kept actors or hosts wait for the job that takes them as ones a plan started would
+    (:data:`UNCLAIMED_EXIT_S`); ``False``, and all of them ended, unless every one agrees: one whose modules
+    changed since it imported them (:func:`_stale`) refuses, and one that does not answer has ended."""
+    import ray
+
+    try:
+        refused = [r for r in ray.get([s.actor.rearm.remote(UNCLAIMED_EXIT_S) for s in spares_],
+                                      timeout=HOST_SHUTDOWN_S) if r is not None]
+    except Exception as e:  # noqa: BLE001 - gone, or stuck
+        refused = [_headline(e)]
+    if refused:
+        logger.info("not using the Ray actors kept from the last run (%s); starting others", refused[0])
+        for s in spares_:
+            with contextlib.suppress(Exception):
+                s.close()
+        return False
+    return True
+
+
+def end_kept() -> int:
+    """End, now, the measuring actors and compile hosts this process's ended runs keep for its next run
+    (they would end themselves :data:`KEEP_S` seconds after their run), freeing their GPUs and CPUs; how many."""
+    _await_handbacks()
+    with _KEPT_LOCK:
+        kept = [s for ss in _KEPT.values() for s in ss]
+        _KEPT.clear()
+    for s in kept:
+        with contextlib.suppress(Exception):
+            s.close()
+    return len(kept)
+
+
+def _await_handbacks() -> None:
+    """Wait (at most :data:`HANDBACK_S`) for the measuring actors of runs that are ending to be kept: the
+    devices' threads of a run hand them back after the run has returned."""
+    with _KEPT_LOCK:
+        _KEPT_LOCK.wait_for(lambda: _OPEN_BENCHES == 0, timeout=HANDBACK_S)
 
 
 def _new_actor(ray: Any, device: str) -> Any:
@@ -320,11 +515,20 @@ def _new_actor(ray: Any, device: str) -> Any:
 
 
 def prestart_actors(n: int, device: str) -> None:
-    """Create, now, the ``n`` measuring actors a job on ``device`` will take (:mod:`.spares`), unless they
-    are waiting already, so that their workers start and import while the job is planned."""
+    """Have the ``n`` measuring actors a job on ``device`` will take waiting (:mod:`.spares`): those an ended
+    run of this process kept (:data:`KEEP_S`; imports done, GPU started), else ones created now, so that
+    their workers start and import while the job is planned."""
     ray = connect()
     job = _session(ray)
-    for _ in range(n - spares.count(("ray", device))):
+    _await_handbacks()
+    have = spares.count(("ray", device))
+    while have < n and (kept := _take_kept(("ray", device))) is not None:
+        if _rearm_taken([kept]):
+            spares.keep(("ray", device), _Spare(kept.actor, time.time(), job, kept=True, path=kept.path))
+            have += 1
+    while (extra := _take_kept(("ray", device))) is not None:  # a GPU this run does not ask for
+        extra.close()
+    for _ in range(n - have):
         spares.keep(("ray", device), _Spare(_new_actor(ray, device), time.time(), job))
 
 
@@ -392,6 +596,37 @@ class CompileHost:
     def claim(self) -> None:
         """A job took this host: it no longer ends itself when no compile comes."""
         self._claimed.set()
+
+    def keep(self, after: float) -> str | None:
+        """Its run is over: end any compile still running, and wait ``after`` seconds for another run of the
+        driver's, then end (:meth:`shutdown`). The fork server stays, its imports done. The reason it cannot
+        serve another run (:meth:`rearm`), or ``None``."""
+        with self._lock:
+            running = list(self._running.values())
+        for child in running:
+            with contextlib.suppress(Exception):
+                child.terminate()
+        return self.rearm(after)
+
+    def rearm(self, after: float) -> str | None:
+        """Taken, or kept, for a run that has not called it yet: end unless one does within ``after`` seconds.
+        Refused (the reason is returned) when a module its fork server imported may have changed since
+        (:func:`_stale`, asked of a child of the fork server, which has the server's modules)."""
+        recv, send = self._ctx.Pipe(duplex=False)
+        child = self._ctx.Process(target=_report_stale, args=(send, self._t0), daemon=True)
+        try:
+            child.start()
+            send.close()
+            stale = recv.recv() if recv.poll(HOST_SHUTDOWN_S) else "its fork server did not answer"
+        except Exception as e:  # noqa: BLE001 - the fork server is gone: not fit for another run
+            stale = f"its fork server failed ({_headline(e)})"
+        finally:
+            recv.close()
+            if child.pid is not None:
+                child.join(HOST_SHUTDOWN_S)
+        if stale is None:
+            self._claimed = _rearmed(self._claimed, self.shutdown, "compile host", after)
+        return stale
 
     def compile(self, *task: Any) -> CompileOutcome:
         """:func:`.compile.compile_task` of ``task`` in a child of the fork server. Raises only for what is the
@@ -476,6 +711,12 @@ def _noop() -> None:
     return None
 
 
+def _report_stale(send: Any, since: float) -> None:
+    """A child of a compile host's fork server: send :func:`_stale` of the modules it has from the server."""
+    send.send(_stale(since))
+    send.close()
+
+
 def _no_main_in_children() -> None:
     """Have this process's multiprocessing children not run its ``__main__`` again. A child of the fork server
     re-imports the parent's main module as ``__mp_main__`` (what ``spawn`` does, for a script's functions);
@@ -522,6 +763,7 @@ class _Host(_Spare):
     slots: int = 1
     cpus: int = 1
     up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
+    preload: tuple[str, ...] = ()  # the modules its fork server imported
     busy: int = 0
     solo: bool = False  # compiling a config alone (:class:`_HostPool`): nothing else is handed to it
     replaces: bool = False  # started in place of a lost host
@@ -602,7 +844,7 @@ def _start_host(ray: Any, node: str, slots: int, preload: list[str], cpus: int |
         num_cpus=cpus, max_concurrency=slots + 2, max_restarts=0, max_task_retries=0,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         **run_options(ray)).remote(preload, UNCLAIMED_EXIT_S)
-    host = _Host(actor, time.time(), _session(ray), node, slots, cpus)
+    host = _Host(actor, time.time(), _session(ray), node=node, slots=slots, cpus=cpus, preload=tuple(preload))
     host.up = actor.ready.remote()
     return host
 
@@ -619,12 +861,43 @@ def _spare_kind(n_jobs: int | None) -> tuple:
 
 
 def prestart_compile_hosts(kernel: Any, n_jobs: int | None) -> None:
-    """Start, now, the compile hosts a job will take (:mod:`.spares`), unless they are waiting already, so
-    that their fork servers import TileLang and the kernel's modules while the job is planned."""
+    """Have the compile hosts a job will take waiting (:mod:`.spares`): those an ended run of this process
+    kept, when they fit the job (:func:`_kept_hosts`), else ones started now, so that their fork servers
+    import TileLang and the kernel's modules while the job is planned."""
     ray = connect()
     if spares.count(_spare_kind(n_jobs)) == 0:
-        for host in _new_hosts(ray, _kernel_modules([kernel]), n_jobs):
+        preload = _kernel_modules([kernel])
+        for host in _kept_hosts(ray, preload, n_jobs) or _new_hosts(ray, preload, n_jobs):
             spares.keep(_spare_kind(n_jobs), host)
+
+
+def _kept_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]:
+    """The compile hosts an ended run of this process kept (:data:`KEEP_S`), for a run with ``n_jobs`` whose
+    kernels' modules are ``preload``: all of them when they fit it (one per node that gets slots, with its
+    slots, every one up, their fork servers having imported ``preload``), else none (they are ended: their
+    CPUs go to the new hosts)."""
+    kind = _spare_kind(n_jobs)
+    _end_kept_hosts(but=kind)
+    kept: list[_Host] = list(iter(functools.partial(_take_kept, kind), None))  # type: ignore[arg-type]
+    if not (kept and {h.node: h.slots for h in kept} == host_slots(ray, n_jobs)
+            and all(set(preload) <= set(h.preload) for h in kept)):
+        for h in kept:
+            h.close()
+        return []
+    if not _rearm_taken(kept):  # it ended them
+        return []
+    for h in kept:
+        h.spawned = time.time()
+    return kept
+
+
+def _end_kept_hosts(but: tuple | None = None) -> None:
+    """End the compile hosts ended runs kept, but those of kind ``but``: they hold CPUs a run's hosts need."""
+    with _KEPT_LOCK:
+        kinds = [k for k in _KEPT if k[0] == _spare_kind(None)[0] and k != but]
+    for k in kinds:
+        for h in iter(functools.partial(_take_kept, k), None):
+            h.close()
 
 
 class RayBench(ServedBench):
@@ -641,15 +914,26 @@ class RayBench(ServedBench):
         self.ray = connect()
         self.device = device
         kind = self.specs[0].device
+        self._session = _session(self.ray)  # asked now: after ray.shutdown() a Ray call would start a new instance
         spare = spares.take(("ray", kind))
+        if spare is None and (kept := _take_kept(("ray", kind))) is not None and _rearm_taken([kept]):
+            spare = kept  # none taken by a plan (a job's measuring side opened directly)
         self._actor = spare.actor if spare is not None else _new_actor(self.ray, kind)
-        self._stamps.append((spare.spawned if spare is not None else time.time(), "process spawned"))
+        self._kind = kind
+        self._path = spare.path if spare is not None else _path_key()
+        if spare is None or not spare.kept:
+            self._stamps.append((spare.spawned if spare is not None else time.time(), "process spawned"))
+        self._aborted = False
+        self._lock = threading.Lock()  # abort() from the pool's thread against close() keeping the actor
         self._payload = [self.ray.put(spec_payload(self.specs))]  # held here: a restart reads it again
         self._info = self._actor.info.remote()  # the first wait for the actor, ahead of what prepare queues
         self._actor.load.remote(self._payload)
         self._owed: list[tuple[Any, float]] = []  # prepare's calls and their bounds (s), in order
         self._wait: float | None = START_TIMEOUT_S  # seconds to wait for the actor at the next call; None: up
         self._started = False  # it has been up once
+        global _OPEN_BENCHES
+        with _KEPT_LOCK:  # until close() keeps or ends the actor
+            _OPEN_BENCHES += 1
 
     def prepare(self, sid: int, config: dict[str, Any], elaborate_timeout: float) -> None:
         """Have the actor make problem ``sid``'s inputs for ``config`` while it waits for its first candidate
@@ -748,13 +1032,44 @@ class RayBench(ServedBench):
                             f"a sticky CUDA error, or its node was lost ({_headline(e)}); Ray restarts it for "
                             "the remaining configs")
 
+    def _is_up(self) -> bool:
+        """Whether the actor has answered and has nothing owed: a release before then has nothing to free
+        (and would wait for the actor's start)."""
+        return self._wait is None and not self._owed
+
     def abort(self) -> None:
-        """Kill the actor for good, from any thread: a call waiting on it returns as ``died``."""
-        self.ray.kill(self._actor, no_restart=True)
+        """Kill the actor for good, from any thread: a call waiting on it returns as ``died``. Nothing once
+        ``ray.shutdown()`` has ended it (Ray's calls would start a new instance)."""
+        with self._lock:
+            self._aborted = True
+            if self.ray.is_initialized():
+                self.ray.kill(self._actor, no_restart=True)
 
     def close(self) -> None:
-        """End the actor now (it frees its GPU); nothing of it is needed after the run."""
-        self.abort()
+        """Keep the actor for this process's next run (:data:`KEEP_S`) when it came up and was neither killed
+        nor aborted, and it agrees (:meth:`MeasuringActor.keep`), within :data:`HOST_SHUTDOWN_S`; else end it
+        now (it frees its GPU)."""
+        global _OPEN_BENCHES
+        try:
+            with self._lock:
+                if self._aborted or not self.ray.is_initialized():  # ray.shutdown() ended it
+                    return
+                up = self._wait is None or (not self._started and self._info is not None
+                                            and bool(self.ray.wait([self._info], timeout=0)[0]))
+                if up:
+                    try:
+                        why = self.ray.get(self._actor.keep.remote(KEEP_S), timeout=HOST_SHUTDOWN_S)
+                    except BaseException as e:  # noqa: BLE001 - it does not answer, or Ray is shutting down
+                        why = _headline(e)
+                    if why is None:
+                        _keep(("ray", self._kind), _Spare(self._actor, time.time(), self._session, path=self._path))
+                        return
+                    logger.debug("the Ray measuring actor %s is not kept: %s", self.device.label, why)
+            self.abort()
+        finally:
+            with _KEPT_LOCK:
+                _OPEN_BENCHES -= 1
+                _KEPT_LOCK.notify_all()
 
 
 def _headline(e: BaseException) -> str:
@@ -782,16 +1097,48 @@ def compile_on_ray(tasks: list[tuple], n_jobs: int | None, kernels: Sequence[Any
     while (spare := spares.take(_spare_kind(n_jobs))) is not None:
         hosts.append(spare)
     if not hosts:  # none started by a plan (compile_many called directly)
-        hosts = _new_hosts(ray, preload, n_jobs)
+        hosts = _kept_hosts(ray, preload, n_jobs) or _new_hosts(ray, preload, n_jobs)
+    _end_kept_hosts()  # others' (another n_jobs): they hold CPUs these hosts need
+    done = False
+    kept: set[int] = set()
     try:
         yield from _HostPool(ray, hosts, preload, n_jobs).run(tasks)
+        done = True
     finally:
         try:
-            ends = [h.actor.shutdown.remote() for h in hosts if h.up is not False]
-            ray.wait(ends, num_returns=len(ends), timeout=HOST_SHUTDOWN_S)
-        finally:  # even on a second Ctrl-C
-            for host in hosts:
-                host.kill()
+            if done:
+                kept = {id(h) for h in _keep_hosts(ray, hosts, n_jobs)}
+        finally:  # even on Ctrl-C
+            try:
+                ends = [h.actor.shutdown.remote() for h in hosts if h.up is not False and id(h) not in kept]
+                ray.wait(ends, num_returns=len(ends), timeout=HOST_SHUTDOWN_S)
+            finally:  # even on a second Ctrl-C
+                for host in hosts:
+                    if id(host) not in kept:
+                        host.kill()
+
+
+def _keep_hosts(ray: Any, hosts: list[_Host], n_jobs: int | None) -> list[_Host]:
+    """After a run that compiled everything: keep its hosts for this process's next run (:data:`KEEP_S`) when
+    every one still running is up and agrees (:meth:`CompileHost.keep`), and no plan's hosts of another
+    ``n_jobs`` are waiting for CPUs (they would wait for these); else none (the caller ends them all)."""
+    up = [h for h in hosts if h.up is not False]
+    if not up or any(h.up is not True for h in up):
+        return []
+    if any(k[0] == _spare_kind(None)[0] and k != _spare_kind(n_jobs) and spares.count(k) for k in list(spares._SPARES)):
+        return []
+    try:
+        refused = [r for r in ray.get([h.actor.keep.remote(KEEP_S) for h in up], timeout=HOST_SHUTDOWN_S)
+                   if r is not None]
+    except Exception as e:  # noqa: BLE001 - one that does not answer: none kept
+        refused = [_headline(e)]
+    if refused:
+        logger.debug("the compile hosts are not kept: %s", refused[0])
+        return []
+    for h in up:
+        h.busy, h.solo, h.replaces = 0, False, False
+        _keep(_spare_kind(n_jobs), h)
+    return up
 
 
 class _HostPool:

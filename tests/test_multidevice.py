@@ -280,6 +280,47 @@ def test_when_every_device_is_lost_the_run_fails_with_the_reason(monkeypatch):
         pool.close()
 
 
+class SlowBench(FakeBench):
+    """A measuring side whose release and measure take a while, and which records aborts and closes."""
+
+    def __init__(self, specs, run_timeout, device):
+        super().__init__(specs, run_timeout, device)
+        self.aborted = self.closed = False
+
+    def release(self, sid):
+        time.sleep(0.5)
+        super().release(sid)
+
+    def measure(self, sid, index, cfg, compile_s, prim=None):
+        time.sleep(2.0)
+        return super().measure(sid, index, cfg, compile_s, prim)
+
+    def abort(self):
+        self.aborted = True
+
+    def close(self):
+        self.closed = True
+
+
+def test_closing_lets_a_release_end_and_aborts_a_candidate(monkeypatch):
+    """A run that ends while a device frees a problem's inputs lets it end (its Ray actor is kept for the next
+    run); a device busy with a candidate (a run stopping early) is aborted; close(wait) returns once every
+    device's thread has closed its side."""
+    monkeypatch.setattr(FakeBench, "lost", set())
+    pool = DevicePool([None], 10, [Device(1, "cpu:1", "cpu"), Device(0, "cpu:0", "cpu")], open_bench=SlowBench)
+    pool.release(0)
+    time.sleep(0.2)  # both devices are freeing the inputs
+    pool.close(wait=10)
+    assert [(w.bench.released, w.bench.aborted, w.bench.closed, w.is_alive()) for w in pool._workers] == \
+        [([0], False, True, False)] * 2
+
+    pool = DevicePool([None], 10, [Device(0, "cpu:0", "cpu")], open_bench=SlowBench)
+    pool.submit(0, 0, {"block_M": 0}, 0.5)
+    time.sleep(0.2)  # the device is measuring the candidate
+    pool.close(wait=10)
+    assert [(w.bench.aborted, w.bench.closed) for w in pool._workers] == [(True, True)]
+
+
 OLD_TRIALS = """CREATE TABLE runs (key TEXT PRIMARY KEY, kernel TEXT NOT NULL, target TEXT NOT NULL,
     created REAL NOT NULL, finished REAL, best_config TEXT, best_latency_ms REAL, ref_latency_ms REAL,
     n_configs INTEGER NOT NULL, meta TEXT NOT NULL, best_prim TEXT);

@@ -143,24 +143,184 @@ def test_the_timeline_has_each_actors_start_and_candidates(ray_run):
     assert sum(d["measured"] for d in tl.devices().values()) == len(CONFIGS), tl.devices()
 
 
+@pytest.fixture(autouse=True)
+def _nothing_kept_between_tests():
+    """Each test starts without the actors and hosts an earlier test's runs kept (they hold the CPUs)."""
+    yield
+    ray_cluster.end_kept()
+
+
+def _spy_starts(monkeypatch) -> tuple[list, list]:
+    """The compile hosts (one list per start) and measuring actors started from now on."""
+    hosts: list = []
+    actors: list = []
+    real_hosts, real_actor = ray_cluster._new_hosts, ray_cluster._new_actor
+
+    def new_hosts(ray, preload, n_jobs):
+        hosts.append(real_hosts(ray, preload, n_jobs))
+        for h in hosts[-1]:
+            h.ready_ref = h.up  # its ready() call, whose answer Ray keeps after the host ends
+        return hosts[-1]
+
+    def new_actor(ray, device):
+        actors.append(real_actor(ray, device))
+        return actors[-1]
+
+    monkeypatch.setattr(ray_cluster, "_new_hosts", new_hosts)
+    monkeypatch.setattr(ray_cluster, "_new_actor", new_actor)
+    return hosts, actors
+
+
+def _kept() -> dict[str, int]:
+    with ray_cluster._KEPT_LOCK:
+        return {k[0]: len(v) for k, v in ray_cluster._KEPT.items() if v}
+
+
+def _ended(ray, call, within: float = 60.0) -> bool:
+    """Whether the actor ``call`` (a method, e.g. ``actor.__ray_ready__``) asks ends within ``within`` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            ray.get(call.remote(), timeout=within)
+        except ray.exceptions.ActorDiedError:  # not ActorUnavailableError (restarting)
+            return True
+        time.sleep(0.25)
+    return False
+
+
 @needs_ray
-def test_the_plan_started_the_compile_host_the_run_took_and_ended(local_ray, tmp_path, monkeypatch):
+def test_the_plan_started_the_compile_host_the_run_took_and_the_next_run_takes_it_again(local_ray, tmp_path,
+                                                                                        monkeypatch):
     """The plan starts one compile host per node (here one, with both CPUs as slots) while it plans; the run
-    compiles on it rather than start another, and ends it with the run."""
-    made: list = []
-    real = ray_cluster._new_hosts
+    compiles on it rather than start another. The run keeps its host and measuring actors for this process's
+    next run, which starts none (its actors measure at once: no process start on its timeline); end_kept()
+    ends them."""
+    monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)  # so that only end_kept() can end them within the test
+    hosts, actors = _spy_starts(monkeypatch)
+    configs = CONFIGS[1:]  # none crashes its actor: each actor is kept
+    first = multidevice_tuner(configs, backend="ray", devices=[1, 0], cache=False, run_timeout=60).run(1, 3)
+    assert first.config == WINNER
+    assert len(hosts) == 1 and [h.slots for h in hosts[0]] == [2] and len(actors) == 2, (hosts, actors)
+    ray_cluster._await_handbacks()  # the devices' threads hand the actors back once the run has returned
+    assert _spare_hosts() == 0 and _kept() == {"ray-compile": 1, "ray": 2}, ray_cluster._KEPT
 
-    def spy(ray, preload, n_jobs):
-        made.append(real(ray, preload, n_jobs))
-        return made[-1]
+    second = multidevice_tuner(configs, backend="ray", devices=[1, 0], cache=False, run_timeout=60).run(1, 3)
+    assert second.config == WINNER
+    assert len(hosts) == 1 and len(actors) == 2, (hosts, actors)  # none started for the second run
+    events = {(what, where) for _, what, where in second.timeline.as_dict()["events"]}
+    for label in {t.device for t in second.trials}:  # a device's stamps come with its measurements
+        assert ("kept from an earlier run", label) in events and ("process spawned", label) not in events, events
+    ray_cluster._await_handbacks()
+    assert _kept() == {"ray-compile": 1, "ray": 2}
 
-    monkeypatch.setattr(ray_cluster, "_new_hosts", spy)
-    result = tuner(backend="ray", db_path=str(tmp_path / "db.sqlite"), run_timeout=60).run(1, 3)
-    assert result.config == WINNER
-    assert len(made) == 1 and [h.slots for h in made[0]] == [2], made
-    assert _spare_hosts() == 0
-    with pytest.raises(local_ray.exceptions.RayActorError):  # ended with the run
-        local_ray.get(made[0][0].actor.ready.remote(), timeout=60)
+    assert ray_cluster.end_kept() == 3 and _kept() == {}
+    assert _ended(local_ray, hosts[0][0].actor.ready, within=30)
+    assert all(_ended(local_ray, a.__ray_ready__, within=30) for a in actors)
+
+
+@needs_ray
+def test_what_a_run_keeps_ends_itself_when_no_run_takes_it(local_ray, tmp_path, monkeypatch):
+    """Kept past KEEP_S with no run to take them, the compile host (with its scratch directory) and the
+    measuring actors end themselves; a run then starts new ones."""
+    monkeypatch.setattr(ray_cluster, "KEEP_S", 3.0)
+    monkeypatch.setattr(ray_cluster, "KEEP_MARGIN_S", 1.0)
+    hosts, actors = _spy_starts(monkeypatch)
+    multidevice_tuner(CONFIGS[1:3], backend="ray", devices=[0, 1], cache=False, run_timeout=60).run(1, 3)
+    host = hosts[0][0]
+    scratch = local_ray.get(host.ready_ref, timeout=60)["scratch"]
+    assert _ended(local_ray, host.actor.ready) and _gone_dir(scratch)
+    assert all(_ended(local_ray, a.__ray_ready__) for a in actors)
+    result = multidevice_tuner(CONFIGS[1:3], backend="ray", devices=[0, 1], cache=False, run_timeout=60).run(1, 3)
+    assert result.config == WINNER and len(hosts) == 2 and len(actors) == 4, (hosts, actors)
+
+
+@needs_ray
+def test_nothing_kept_is_used_once_a_module_it_imported_changed(local_ray, monkeypatch):
+    """A kernel or reference edited between two runs would be compiled or checked as it was when a kept host or
+    actor imported it: once the file of a module they imported changes (here the kernels' module, its content
+    and time left as they were: only its inode's change time moves, as any write moves it), the kept host and
+    actors are ended and new ones started; so too once this process's import path changed."""
+    from kernels import c_kernels
+
+    monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)
+    hosts, actors = _spy_starts(monkeypatch)
+
+    def run():
+        result = multidevice_tuner(CONFIGS[1:3], backend="ray", devices=[0, 1], cache=False, run_timeout=60).run(1, 3)
+        ray_cluster._await_handbacks()
+        return result
+
+    assert run().config == WINNER and len(hosts) == 1 and len(actors) == 2
+    assert run().config == WINNER and len(hosts) == 1 and len(actors) == 2  # unchanged: kept, taken again
+    st = os.stat(c_kernels.__file__)
+    os.utime(c_kernels.__file__, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times: its ctime moves
+    assert run().config == WINNER and len(hosts) == 2 and len(actors) == 4, (hosts, actors)
+    assert _ended(local_ray, hosts[0][0].actor.ready, within=30)
+    assert all(_ended(local_ray, a.__ray_ready__, within=30) for a in actors[:2])
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(c_kernels.__file__), "elsewhere"))
+    assert run().config == WINNER and len(hosts) == 3 and len(actors) == 6, (hosts, actors)
+
+
+@needs_ray
+def test_an_actor_whose_torch_settings_a_reference_changed_is_not_kept(local_ray, monkeypatch):
+    """A reference that changes a process-wide torch setting (TF32 here) leaves it set in its measuring actor:
+    the next run's reference would run under it, so the actor is not kept (the compile host is)."""
+    from kernels.c_kernels import add, ref_add_setting_tf32
+
+    from autotuner import AutoTuner
+
+    monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)
+    _, actors = _spy_starts(monkeypatch)
+    result = (AutoTuner.from_kernel(add, [dict(block_M=16, block_N=16)])
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add_setting_tf32, target="c")
+              .set_tuning(backend="ray", n_jobs=2, progress=False, cache=False, run_timeout=60).run(1, 3))
+    assert str(result.trials[0].status) == "ok"
+    ray_cluster._await_handbacks()
+    assert _kept() == {"ray-compile": 1} and len(actors) == 1
+    assert _ended(local_ray, actors[0].__ray_ready__, within=30)
+
+
+@needs_ray
+def test_ray_shut_down_right_after_a_run_stays_down(tmp_path):
+    """A script that shuts Ray down as soon as its run returns: the run's actors were kept (or ended) before it
+    returned, so nothing of it calls Ray afterwards, which would start a new local instance."""
+    import subprocess
+
+    code = ("import ray, sys, time; sys.path[:0] = sys.argv[1:]; "
+            "ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False); "
+            "from test_ray import CONFIGS, multidevice_tuner; "
+            "r = multidevice_tuner(CONFIGS[1:3], backend='ray', devices=[0, 1], cache=False, run_timeout=60)"
+            ".run(1, 3); "
+            "ray.shutdown(); time.sleep(3); print('UP' if ray.is_initialized() else 'DOWN', r.config['repeat'])")
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, "-c", code, here, os.path.dirname(here)], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    assert out.stdout.split() == ["DOWN", "1"], (out.stdout, out.stderr[-3000:])
+    assert out.stderr.count("Started a local Ray instance") <= 1, out.stderr[-3000:]
+
+
+@needs_ray
+def test_kept_hosts_that_do_not_fit_the_next_run_are_ended(local_ray, tmp_path, monkeypatch):
+    """A run with other compile slots (n_jobs), or whose kernel's module the kept fork server did not import,
+    starts its own hosts; the kept ones end rather than hold their CPUs."""
+    from kernels.c_kernels import add, add_crashing, ref_add
+
+    from autotuner import AutoTuner
+
+    hosts, _ = _spy_starts(monkeypatch)
+    multidevice_tuner(CONFIGS[1:3], backend="ray", cache=False, run_timeout=60).run(1, 3)
+    result = (AutoTuner.from_kernel(add_crashing, CONFIGS[1:3])
+              .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+              .set_tuning(backend="ray", n_jobs=1, progress=False, cache=False, run_timeout=60).run(1, 3))
+    assert result.config == WINNER and len(hosts) == 2 and [h.slots for h in hosts[1]] == [1], hosts
+    assert _ended(local_ray, hosts[0][0].actor.ready)
+    assert _kept()["ray-compile"] == 1
+
+    monkeypatch.setattr(ray_cluster, "_kernel_modules", lambda kernels: ["kernels.c_kernels", "json"])
+    (AutoTuner.from_kernel(add, [dict(block_M=16, block_N=16)])
+     .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
+     .set_tuning(backend="ray", n_jobs=1, progress=False, cache=False, run_timeout=60).run(1, 3))
+    assert len(hosts) == 3 and _ended(local_ray, hosts[1][0].actor.ready), hosts
 
 
 def _spare_hosts() -> int:
@@ -366,7 +526,8 @@ def test_a_compile_host_starts_when_other_ray_work_holds_every_cpu(local_ray, mo
 @needs_ray
 def test_a_compile_host_no_job_takes_ends_itself_and_its_files(local_ray, monkeypatch):
     """Hosts a plan started for a job that never came (a plan not tuned, in a notebook that lives on) end
-    themselves, removing their scratch directory; a run's hosts remove theirs when it ends."""
+    themselves, removing their scratch directory; a run's hosts, kept for the next run, remove theirs when
+    they end."""
     from kernels.c_kernels import add
 
     from autotuner import spares
@@ -378,6 +539,8 @@ def test_a_compile_host_no_job_takes_ends_itself_and_its_files(local_ray, monkey
     run_scratch = local_ray.get(taken.actor.ready.remote(), timeout=120)["scratch"]
     assert os.path.isdir(run_scratch)
     assert all(o.status == "ok" for o in _compile_on_ray(add, configs))
+    assert os.path.isdir(run_scratch) and _kept() == {"ray-compile": 1}  # kept for the next run, its files too
+    ray_cluster.end_kept()
     assert _gone_dir(run_scratch)
 
     monkeypatch.setattr(ray_cluster, "UNCLAIMED_EXIT_S", 3.0)

@@ -58,6 +58,14 @@ def ref_add(A, B):
     return A + B
 
 
+def ref_add_setting_tf32(A, B):
+    """``ref_add``, and a process-wide torch setting changed, as a reference may change one."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32
+    return A + B
+
+
 def add_crashing(block_M: int = 32, block_N: int = 32, thread_num: int = 1, mode: str = "ok", dtype: str = "float32",
                  repeat: int = 1):
     """mode="abort" kills its process (raise(SIGSEGV)), mode="spin" never finishes; repeat=n writes C n times
