@@ -33,7 +33,10 @@ task and actor call beside ``--out`` (``<out>.ray-warm.ray-trace.json``, for chr
 
 Saves JSON after every step (``--out``); ``--time-limit`` (default 510 s) skips what would not fit.
 ``--rounds N`` runs the warm arms N times in turn, each round with its own ``pairs`` entry
-(``warm``, ``warm-2``...), so that a ratio is seen more than once on one host.
+(``warm``, ``warm-2``...), so that a ratio is seen more than once on one host. ``--again`` has each
+tilecarve arm tune the grid a second time in its process, right after the first (runs ``<arm>-<mode>-again``,
+pairs ``<mode>-again``): a script's or notebook's next tuning, where Ray's run takes the measuring actors
+and compile hosts the first one kept, and the direct arms fork their measuring processes again.
 On an ``nvidia-h200-x2`` host (32 cores) ``--modes cold`` with every arm takes about 5-7 minutes,
 ``--ray --modes warm`` about 4-5. Shorter: ``--configs 96`` (every third config of the grid).
 
@@ -97,6 +100,16 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
         out["ray_init_s"] = round(time.perf_counter() - t0, 2)
         out["ray_gpus"] = ray.cluster_resources().get("GPU")
         tuning = {"backend": "ray"}
+    result = {**out, **tune_once(problem, configs, tuning, arm)}
+    if args.again:  # the same tuning again in this process: what a script's or a notebook's next run costs
+        result["again"] = tune_once(problem, configs, tuning, arm)
+    return {**result, **gpus(torch)}
+
+
+def tune_once(problem: Any, configs: list[Any], tuning: dict[str, Any], arm: str) -> dict[str, Any]:
+    """One tuning of ``configs`` with ``tuning``, its clock from building the tuner."""
+    from templates import matmul as mm
+
     t0 = time.perf_counter()
     tuner = mm.MATMUL.tuner(problem, mm.TuneOptions(configs=configs, validate_configs=False))
     built = time.perf_counter() - t0  # the target resolved (the driver asked), the configs checked
@@ -110,8 +123,10 @@ def child_tune(args: argparse.Namespace) -> dict[str, Any]:
     timeline = r.timeline.as_dict()
     end = max(e[0] for e in timeline["events"])
     if arm == "ray" and os.environ.get("MULTI_GPU_RAY_TRACE"):  # every Ray task and actor call, for chrome://tracing
+        import ray
+
         ray.timeline(filename=os.environ["MULTI_GPU_RAY_TRACE"])
-    return {**out, **gpus(torch), "tuning": tuning, "wall_s": round(wall, 2),
+    return {"tuning": tuning, "wall_s": round(wall, 2),
             "phases": {k: round(v, 2) for k, v in r.phases.items()},
             "config": r.config, "latency_ms": r.latency, "statuses": statuses, "trials_per_device": per_device,
             "compile_s": quantiles([t.compile_s for t in r.trials if t.compile_s is not None]),
@@ -260,6 +275,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="warm arms this many times over, in turn (1gpu, all, "
                    "1gpu, all...): pairs for each round (warm, warm-2, ...)")
     p.add_argument("--skip", nargs="*", default=[], help="runs of the plan to leave out, e.g. ray-cold")
+    p.add_argument("--again", action="store_true", help="each tilecarve arm tunes twice in its process; the "
+                   "second runs are mode <mode>-again's arms (Ray's second takes the actors and hosts the first kept)")
     p.add_argument("--time-limit", type=float, default=510.0, help="seconds for the whole run")
     p.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "multi_gpu.json")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -294,8 +311,11 @@ def main() -> None:
                 extra_env["TILECARVE_MEASURE_START"] = "spawn"
             if arm == "ray":
                 extra_env["MULTI_GPU_RAY_TRACE"] = str(args.out.with_name(f"{args.out.stem}.{which}.ray-trace.json"))
-            run = run_child(args, which, {**env, **extra_env}, [], left - 30)
+            run = run_child(args, which, {**env, **extra_env}, ["--again"] * args.again, left - 30)
             data["runs"][which] = run
+            if "again" in run:
+                data["runs"][f"{which}-again"] = run.pop("again")
+                log(f"{which}-again: {data['runs'][f'{which}-again'].get('wall_s')} s")
             longest = max(longest, run.get("process_s", 0.0))
             log(f"{which}: {run.get('wall_s', '-')} s, winner {run.get('config')} {run.get('latency_ms')} ms, "
                 f"per device {run.get('trials_per_device')}, compile s {run.get('compile_s')} {run.get('error', '')}")
@@ -303,9 +323,10 @@ def main() -> None:
                 log(f"{which} timeline: {timeline_line(run)}")
         dump(args.out, data)
         if kind.split("-")[0] in kinds and (i + 1 == len(plan) or plan[i + 1][1] != kind):  # the mode's last arm
-            data["pairs"][kind] = compare_mode(args, data, kind, arms, env, warm_cache)
-            log(f"{kind}: {json.dumps(data['pairs'][kind])}")
-            dump(args.out, data)
+            for k in [kind] + [f"{kind}-again"] * args.again:
+                data["pairs"][k] = compare_mode(args, data, k, arms, env, warm_cache)
+                log(f"{k}: {json.dumps(data['pairs'][k])}")
+                dump(args.out, data)
     data["total_s"] = round(time.time() - T0, 1)
     dump(args.out, data)
     print(json.dumps(data["pairs"], indent=1))
