@@ -20,6 +20,11 @@
   candidate (``runtime_error``) and Ray restarts the actor; one that runs past ``run_timeout`` gets
   the actor killed and restarted (``timeout``). An actor that cannot come back, its node gone and no
   GPU free, is dropped (:class:`.devices.DeviceLost`) and the run finishes on the others.
+* **Kept for the next run.** A run that ends keeps its actors and hosts for :data:`KEEP_S` seconds, and
+  this process's next run takes them (:func:`prestart_actors`, :func:`prestart_compile_hosts`), its
+  measuring starting at once rather than after fresh Ray workers import torch and TileLang (7-8 s). Each
+  refuses another run once a module it imported changed on disk (:func:`_stale`); an actor whose torch
+  settings a job changed is not kept; :func:`end_kept` ends them at once.
 * **The database stays on the driver** (this process): each trial is written as it arrives, so a lost
   node costs its in-flight candidates only, and a re-run resumes from the recorded trials.
 

@@ -307,20 +307,21 @@ def test_kept_hosts_that_do_not_fit_the_next_run_are_ended(local_ray, tmp_path, 
 
     from autotuner import AutoTuner
 
+    monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)  # so that only being ended ends them within the test
     hosts, _ = _spy_starts(monkeypatch)
     multidevice_tuner(CONFIGS[1:3], backend="ray", cache=False, run_timeout=60).run(1, 3)
     result = (AutoTuner.from_kernel(add_crashing, CONFIGS[1:3])
               .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
               .set_tuning(backend="ray", n_jobs=1, progress=False, cache=False, run_timeout=60).run(1, 3))
     assert result.config == WINNER and len(hosts) == 2 and [h.slots for h in hosts[1]] == [1], hosts
-    assert _ended(local_ray, hosts[0][0].actor.ready)
+    assert _ended(local_ray, hosts[0][0].actor.ready, within=30)
     assert _kept()["ray-compile"] == 1
 
     monkeypatch.setattr(ray_cluster, "_kernel_modules", lambda kernels: ["kernels.c_kernels", "json"])
     (AutoTuner.from_kernel(add, [dict(block_M=16, block_N=16)])
      .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c")
      .set_tuning(backend="ray", n_jobs=1, progress=False, cache=False, run_timeout=60).run(1, 3))
-    assert len(hosts) == 3 and _ended(local_ray, hosts[1][0].actor.ready), hosts
+    assert len(hosts) == 3 and _ended(local_ray, hosts[1][0].actor.ready, within=30), hosts
 
 
 def _spare_hosts() -> int:
