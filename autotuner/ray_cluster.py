@@ -239,9 +239,17 @@ class MeasuringActor:
         self._scratch = contextlib.ExitStack()
         self._scratch.enter_context(procs.run_scratch())
         self.device = device
-        # restarted by Ray (during its job's run, or while kept): ends itself too unless a job calls it
-        self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
-        self._up_at = up
+        import ray
+
+        if ray.get_runtime_context().was_current_actor_reconstructed:  # restarted by Ray during its job's run: its
+            self._claimed = _Claim()  # device's next candidate may be minutes away; one restarted while kept is
+            self._claimed.set()  # ended by the driver (:func:`_sweep_kept`)
+        else:
+            self._claimed = _end_unless_claimed(self._scratch.close, "measuring actor", unclaimed_exit_s)
+        # what this Ray worker process imported before it became this actor (it may have run other tasks) dates
+        # from its start; what the actor imports, from now
+        self._up_at, self._before = up, (_process_start(), frozenset(sys.modules))
+        self._main_names = set(vars(sys.modules["__main__"])) if "__main__" in sys.modules else set()
         self._runs = 0  # jobs it has served
         self._stamps = [(up, "process up"), *start_device(device)]  # a job's timeline
         self._flags = _torch_flags()
@@ -292,16 +300,12 @@ class MeasuringActor:
                 torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - its context is not fit for another job
             return f"its GPU reports an error ({_headline(e)})"
-        if _torch_flags() != self._flags:
-            return "a job changed its torch numerics settings"
-        if self._runs >= KEEP_RUNS:
-            return f"it has served {self._runs} jobs"
-        return self.rearm(after)
+        return _unfit(self._flags, self._main_names, self._runs) or self.rearm(after)
 
     def rearm(self, after: float) -> str | None:
         """Taken, or kept, for a job that has not called it yet: end unless one does within ``after`` seconds.
         Refused (the reason is returned) when a module it imported may have changed since (:func:`_stale`)."""
-        stale = _stale(self._up_at)
+        stale = _stale(self._up_at, self._before)
         if stale is not None:
             return stale
         self._claimed = _rearmed(self._claimed, self._scratch.close, "measuring actor", after)
@@ -316,21 +320,53 @@ KEEP_RUNS = 16
 STALE_MARGIN_S = 2.0
 
 
-def _stale(since: float) -> str | None:
+def _stale(since: float, before: tuple[float, frozenset] | None = None) -> str | None:
     """Whether a module this process has imported may be older than its file: a file whose content or inode
-    changed (``ctime``, which copies and ``touch`` cannot set back; or ``mtime``) at or after ``since``, this
-    process's start, less :data:`STALE_MARGIN_S`. A kept actor or fork server with such a module would run a
-    kernel or reference as it was, not as it is. The file, or ``None``."""
-    for module in list(sys.modules.values()):
-        f = getattr(module, "__file__", None)
-        if not isinstance(f, str):
-            continue
+    changed (``ctime``, which copies and ``touch`` cannot set back; or ``mtime``) at or after ``since``, when
+    this process started importing, less :data:`STALE_MARGIN_S`; ``before``: ``(start, names)``, the modules
+    ``names`` were imported earlier, from ``start`` on. A kept actor or fork server with such a module would run
+    a kernel or reference as it was, not as it is. The file, or ``None``."""
+    for name, module in list(sys.modules.items()):
+        when = before[0] if before is not None and name in before[1] else since
         try:
-            st = os.stat(f)
-        except OSError:
+            f = getattr(module, "__file__", None)
+            if not isinstance(f, str) or not os.path.isabs(f):
+                continue
+            try:
+                st = os.stat(f)
+            except FileNotFoundError:
+                if os.path.isdir(os.path.dirname(f)):  # removed or renamed (not a module from a zip file)
+                    return f"{f} is gone since it was imported ({name})"
+                continue
+            if max(st.st_mtime, st.st_ctime) >= when - STALE_MARGIN_S:
+                return f"{f} changed after it was imported ({name})"
+        except Exception:  # noqa: BLE001 - an odd entry of sys.modules (a lazy module's __getattr__): skipped
             continue
-        if max(st.st_mtime, st.st_ctime) >= since - STALE_MARGIN_S:
-            return f"{f} changed after it was imported ({getattr(module, '__name__', '?')})"
+    return None
+
+
+def _process_start() -> float:
+    """When this process started (a Ray worker may have run other tasks, and imported modules, before this
+    actor was made in it): its ``/proc`` entry's time on Linux, else now."""
+    try:
+        return os.stat(f"/proc/{os.getpid()}").st_ctime
+    except OSError:
+        return time.time()
+
+
+def _unfit(flags: tuple, main_names: set[str], runs: int) -> str | None:
+    """Why a measuring process that started with torch settings ``flags`` and ``__main__`` names ``main_names``
+    and has served ``runs`` jobs should not serve another, or ``None``: a job changed torch's numerics settings
+    (the next job's reference would run under them), or put a kernel's globals into ``__main__`` (a kernel or
+    reference defined there: :func:`.compile.restore_globals` adds what is missing, and would leave this job's
+    values to the next), or it served :data:`KEEP_RUNS` jobs."""
+    if _torch_flags() != flags:
+        return "a job changed its torch numerics settings"
+    main = sys.modules.get("__main__")
+    if main is not None and set(vars(main)) - main_names:
+        return "it ran a kernel or reference defined in __main__"
+    if runs >= KEEP_RUNS:
+        return f"it has served {runs} jobs"
     return None
 
 
@@ -356,6 +392,8 @@ class _Spare:
     job: str  # the Ray session (:func:`_session`: this process's connection to Ray) it was created in
     kept: bool = field(default=False, kw_only=True)  # it served an earlier run of this process (:func:`_keep`)
     path: tuple = field(default_factory=lambda: _path_key(), kw_only=True)  # the import path it was given
+    # the modules of the kernels and references of the jobs it served (a measuring actor)
+    modules: frozenset = field(default=frozenset(), kw_only=True)
 
     def same_path(self) -> bool:
         """Whether this process's import path and TileLang cache directory are still the ones it was given."""
@@ -455,21 +493,36 @@ def _keep(kind: tuple, spare: _Spare) -> None:
     spare.spawned, spare.kept = time.time(), True
     with _KEPT_LOCK:
         _KEPT.setdefault(kind, []).append(spare)
+    sweep = threading.Timer(KEEP_S + KEEP_MARGIN_S, _sweep_kept)
+    sweep.daemon = True
+    sweep.start()
 
 
-def _take_kept(kind: tuple) -> _Spare | None:
+def _sweep_kept() -> None:
+    """End what was kept longer than :data:`KEEP_S`: each ends itself then, but for an actor Ray restarted while
+    it was kept (its job is unknown to it, so it has no watch)."""
+    with _KEPT_LOCK:
+        kinds = list(_KEPT)
+    for kind in kinds:
+        _take_kept(kind, sweep=True)
+
+
+def _take_kept(kind: tuple, modules: frozenset | None = None, sweep: bool = False) -> _Spare | None:
     """A kept actor or host of ``kind`` with at least :data:`KEEP_MARGIN_S` left before it ends itself, given
-    this process's import path (:meth:`_Spare.same_path`), removed from the kept ones; the others are ended now.
-    Whether what it imported is unchanged is its own to say (:func:`_rearm_taken`)."""
+    this process's import path (:meth:`_Spare.same_path`) and, for ``modules`` (a job's kernels' and references'
+    modules), one whose jobs imported none but those (what they did on import stays in it), removed from the
+    kept ones; the others are ended now (they hold GPUs or CPUs the run needs). Whether what it imported is
+    unchanged is its own to say (:func:`_rearm_taken`). ``sweep``: only end the ones too old to be taken."""
     with _KEPT_LOCK:
         kept = _KEPT.pop(kind, [])
-        fresh = [s for s in kept if time.time() - s.spawned < KEEP_S - KEEP_MARGIN_S and s.alive() and s.same_path()]
-        _KEPT[kind] = fresh[1:]
+        fresh = [s for s in kept if time.time() - s.spawned < KEEP_S - KEEP_MARGIN_S and s.alive() and s.same_path()
+                 and (modules is None or s.modules <= modules)]
+        _KEPT[kind] = fresh if sweep else fresh[1:]
     for s in kept:
         if not any(s is f for f in fresh):
             with contextlib.suppress(Exception):
                 s.close()
-    return fresh[0] if fresh else None
+    return None if sweep or not fresh else fresh[0]
 
 
 def _rearm_taken(spares_: Sequence[_Spare]) -> bool:
@@ -488,6 +541,7 @@ def _rearm_taken(spares_: Sequence[_Spare]) -> bool:
         for s in spares_:
             with contextlib.suppress(Exception):
                 s.close()
+        _end_hosts([s for s in spares_ if isinstance(s, _Host)])
         return False
     return True
 
@@ -502,6 +556,8 @@ def end_kept() -> int:
     for s in kept:
         with contextlib.suppress(Exception):
             s.close()
+    with contextlib.suppress(Exception):
+        _end_hosts([s for s in kept if isinstance(s, _Host)])  # closed above: waits for them to be gone
     return len(kept)
 
 
@@ -519,17 +575,20 @@ def _new_actor(ray: Any, device: str) -> Any:
                                               **run_options(ray), name=None).remote(device, UNCLAIMED_EXIT_S)
 
 
-def prestart_actors(n: int, device: str) -> None:
+def prestart_actors(n: int, device: str, callables: Sequence[Any] = ()) -> None:
     """Have the ``n`` measuring actors a job on ``device`` will take waiting (:mod:`.spares`): those an ended
-    run of this process kept (:data:`KEEP_S`; imports done, GPU started), else ones created now, so that
-    their workers start and import while the job is planned."""
+    run of this process kept (:data:`KEEP_S`; imports done, GPU started) for a job of ``callables`` (its
+    kernel and reference: :func:`_take_kept`), else ones created now, so that their workers start and import
+    while the job is planned."""
     ray = connect()
     job = _session(ray)
     _await_handbacks()
     have = spares.count(("ray", device))
-    while have < n and (kept := _take_kept(("ray", device))) is not None:
+    modules = frozenset(_kernel_modules(callables))
+    while have < n and (kept := _take_kept(("ray", device), modules)) is not None:
         if _rearm_taken([kept]):
-            spares.keep(("ray", device), _Spare(kept.actor, time.time(), job, kept=True, path=kept.path))
+            spares.keep(("ray", device), _Spare(kept.actor, time.time(), job, kept=True, path=kept.path,
+                                                modules=kept.modules))
             have += 1
     while (extra := _take_kept(("ray", device))) is not None:  # a GPU this run does not ask for
         extra.close()
@@ -769,6 +828,7 @@ class _Host(_Spare):
     cpus: int = 1
     up: Any = None  # its ready() call: an object ref until it answered, then True (False: it is gone)
     preload: tuple[str, ...] = ()  # the modules its fork server imported
+    ending: Any = None  # its end() call, once closed (:func:`_end_kept_hosts` waits for it)
     busy: int = 0
     solo: bool = False  # compiling a config alone (:class:`_HostPool`): nothing else is handed to it
     replaces: bool = False  # started in place of a lost host
@@ -784,7 +844,7 @@ class _Host(_Spare):
         if self.mine():
             up = self.up is True or (self.up not in (None, False) and ray.wait([self.up], timeout=0)[0])
             if up:
-                self.actor.end.remote()
+                self.ending = self.actor.end.remote()
             else:  # not up (maybe still waiting for CPUs): nothing of it to clean
                 self.kill()
 
@@ -886,8 +946,7 @@ def _kept_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]
     kept: list[_Host] = list(iter(functools.partial(_take_kept, kind), None))  # type: ignore[arg-type]
     if not (kept and {h.node: h.slots for h in kept} == host_slots(ray, n_jobs)
             and all(set(preload) <= set(h.preload) for h in kept)):
-        for h in kept:
-            h.close()
+        _end_hosts(kept)
         return []
     if not _rearm_taken(kept):  # it ended them
         return []
@@ -900,9 +959,29 @@ def _end_kept_hosts(but: tuple | None = None) -> None:
     """End the compile hosts ended runs kept, but those of kind ``but``: they hold CPUs a run's hosts need."""
     with _KEPT_LOCK:
         kinds = [k for k in _KEPT if k[0] == _spare_kind(None)[0] and k != but]
-    for k in kinds:
-        for h in iter(functools.partial(_take_kept, k), None):
+    _end_hosts([h for k in kinds for h in iter(functools.partial(_take_kept, k), None)])  # type: ignore[misc]
+
+
+def _end_hosts(hosts: Sequence[_Host]) -> None:
+    """End ``hosts`` and wait (a moment) for them to be gone: a host started next reserves the CPUs Ray
+    reports free, which these hold until then."""
+    import ray
+
+    for h in hosts:
+        if h.ending is None:
             h.close()
+    ends = [h.ending for h in hosts if h.ending is not None]
+    if ends:
+        ray.wait(ends, num_returns=len(ends), timeout=2 * HOST_SHUTDOWN_S)
+    freed: dict[str, int] = {}
+    for h in hosts:
+        freed[h.node] = freed.get(h.node, 0) + h.cpus
+    deadline = time.monotonic() + HOST_SHUTDOWN_S  # Ray's view of free CPUs lags the actors' end by a moment
+    while freed and time.monotonic() < deadline:
+        free = free_cpus(ray)
+        if not free or all(free.get(node, 0.0) >= cpus for node, cpus in freed.items()):
+            break
+        time.sleep(0.1)
 
 
 class RayBench(ServedBench):
@@ -920,15 +999,17 @@ class RayBench(ServedBench):
         self.device = device
         kind = self.specs[0].device
         self._session = _session(self.ray)  # asked now: after ray.shutdown() a Ray call would start a new instance
+        self._modules = frozenset(_kernel_modules([f for s in self.specs for f in (s.kernel, s.check.ref_prog) if f]))
         spare = spares.take(("ray", kind))
-        if spare is None and (kept := _take_kept(("ray", kind))) is not None and _rearm_taken([kept]):
+        if spare is None and (kept := _take_kept(("ray", kind), self._modules)) is not None and _rearm_taken([kept]):
             spare = kept  # none taken by a plan (a job's measuring side opened directly)
+        self._modules |= spare.modules if spare is not None else frozenset()
         self._actor = spare.actor if spare is not None else _new_actor(self.ray, kind)
         self._kind = kind
         self._path = spare.path if spare is not None else _path_key()
         if spare is None or not spare.kept:
             self._stamps.append((spare.spawned if spare is not None else time.time(), "process spawned"))
-        self._aborted = False
+        self._aborted = self._handed_back = False
         self._lock = threading.Lock()  # abort() from the pool's thread against close() keeping the actor
         self._payload = [self.ray.put(spec_payload(self.specs))]  # held here: a restart reads it again
         self._info = self._actor.info.remote()  # the first wait for the actor, ahead of what prepare queues
@@ -1046,6 +1127,8 @@ class RayBench(ServedBench):
         """Kill the actor for good, from any thread: a call waiting on it returns as ``died``. Nothing once
         ``ray.shutdown()`` has ended it (Ray's calls would start a new instance)."""
         with self._lock:
+            if self._handed_back:  # kept for the next run by close(): no longer this bench's
+                return
             self._aborted = True
             if self.ray.is_initialized():
                 self.ray.kill(self._actor, no_restart=True)
@@ -1067,7 +1150,9 @@ class RayBench(ServedBench):
                     except BaseException as e:  # noqa: BLE001 - it does not answer, or Ray is shutting down
                         why = _headline(e)
                     if why is None:
-                        _keep(("ray", self._kind), _Spare(self._actor, time.time(), self._session, path=self._path))
+                        _keep(("ray", self._kind), _Spare(self._actor, time.time(), self._session, path=self._path,
+                                                          modules=self._modules))
+                        self._handed_back = True
                         return
                     logger.debug("the Ray measuring actor %s is not kept: %s", self.device.label, why)
             self.abort()
@@ -1128,7 +1213,7 @@ def _keep_hosts(ray: Any, hosts: list[_Host], n_jobs: int | None) -> list[_Host]
     every one still running is up and agrees (:meth:`CompileHost.keep`), and no plan's hosts of another
     ``n_jobs`` are waiting for CPUs (they would wait for these); else none (the caller ends them all)."""
     up = [h for h in hosts if h.up is not False]
-    if not up or any(h.up is not True for h in up):
+    if not up or any(h.up is not True or h.cpus < h.slots for h in up):  # one started short of CPUs: not kept
         return []
     if any(k[0] == _spare_kind(None)[0] and k != _spare_kind(n_jobs) and spares.count(k) for k in list(spares._SPARES)):
         return []

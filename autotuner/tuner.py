@@ -514,7 +514,7 @@ class AutoTuner:
         if rs.backend == "ray":
             from .ray_cluster import prestart_actors, prestart_compile_hosts
 
-            prestart_actors(len(devices or []), target.device)
+            prestart_actors(len(devices or []), target.device, [self.fn, self.check_settings.ref_prog])
             prestart_compile_hosts(self.fn, rs.n_jobs)
             return True
         if rs.isolate and threading.current_thread() is threading.main_thread():

@@ -286,12 +286,15 @@ class SlowBench(FakeBench):
     def __init__(self, specs, run_timeout, device):
         super().__init__(specs, run_timeout, device)
         self.aborted = self.closed = False
+        self.busy = threading.Event()  # set when a release or a candidate has begun
 
     def release(self, sid):
+        self.busy.set()
         time.sleep(0.5)
         super().release(sid)
 
     def measure(self, sid, index, cfg, compile_s, prim=None):
+        self.busy.set()
         time.sleep(2.0)
         return super().measure(sid, index, cfg, compile_s, prim)
 
@@ -309,14 +312,14 @@ def test_closing_lets_a_release_end_and_aborts_a_candidate(monkeypatch):
     monkeypatch.setattr(FakeBench, "lost", set())
     pool = DevicePool([None], 10, [Device(1, "cpu:1", "cpu"), Device(0, "cpu:0", "cpu")], open_bench=SlowBench)
     pool.release(0)
-    time.sleep(0.2)  # both devices are freeing the inputs
+    assert all(w.bench.busy.wait(30) for w in pool._workers)  # both devices are freeing the inputs
     pool.close(wait=10)
     assert [(w.bench.released, w.bench.aborted, w.bench.closed, w.is_alive()) for w in pool._workers] == \
         [([0], False, True, False)] * 2
 
     pool = DevicePool([None], 10, [Device(0, "cpu:0", "cpu")], open_bench=SlowBench)
     pool.submit(0, 0, {"block_M": 0}, 0.5)
-    time.sleep(0.2)  # the device is measuring the candidate
+    assert pool._workers[0].bench.busy.wait(30)  # the device is measuring the candidate
     pool.close(wait=10)
     assert [(w.bench.aborted, w.bench.closed) for w in pool._workers] == [(True, True)]
 

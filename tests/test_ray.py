@@ -144,8 +144,15 @@ def test_the_timeline_has_each_actors_start_and_candidates(ray_run):
 
 
 @pytest.fixture(autouse=True)
-def _nothing_kept_between_tests():
-    """Each test starts without the actors and hosts an earlier test's runs kept (they hold the CPUs)."""
+def _nothing_kept_between_tests(request):
+    """Each test starts without the actors and hosts an earlier test's runs kept, and (a moment at most) with
+    the CPUs free that earlier hosts held: a host reserves the CPUs Ray reports free, and one short of its
+    slots' is not kept."""
+    if "local_ray" in request.fixturenames:
+        ray = request.getfixturevalue("local_ray")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and sum(ray_cluster.free_cpus(ray).values()) < 2:
+            time.sleep(0.1)
     yield
     ray_cluster.end_kept()
 
@@ -226,6 +233,8 @@ def test_what_a_run_keeps_ends_itself_when_no_run_takes_it(local_ray, tmp_path, 
     monkeypatch.setattr(ray_cluster, "KEEP_MARGIN_S", 1.0)
     hosts, actors = _spy_starts(monkeypatch)
     multidevice_tuner(CONFIGS[1:3], backend="ray", devices=[0, 1], cache=False, run_timeout=60).run(1, 3)
+    ray_cluster._await_handbacks()
+    assert _kept() == {"ray-compile": 1, "ray": 2}, ray_cluster._KEPT
     host = hosts[0][0]
     scratch = local_ray.get(host.ready_ref, timeout=60)["scratch"]
     assert _ended(local_ray, host.actor.ready) and _gone_dir(scratch)
@@ -235,29 +244,45 @@ def test_what_a_run_keeps_ends_itself_when_no_run_takes_it(local_ray, tmp_path, 
 
 
 @needs_ray
-def test_nothing_kept_is_used_once_a_module_it_imported_changed(local_ray, monkeypatch):
+def test_nothing_kept_is_used_once_a_module_it_imported_changed(local_ray, tmp_path, monkeypatch):
     """A kernel or reference edited between two runs would be compiled or checked as it was when a kept host or
-    actor imported it: once the file of a module they imported changes (here the kernels' module, its content
-    and time left as they were: only its inode's change time moves, as any write moves it), the kept host and
-    actors are ended and new ones started; so too once this process's import path changed."""
+    actor imported it: once the file of a module they imported changes (here the kernels' module, a copy of
+    tests/kernels/c_kernels.py, its content and times left as they were: only its inode's change time moves, as
+    any write moves it), the kept host and actors are ended and new ones started; so too once this process's
+    import path changed."""
+    import importlib
+
     from kernels import c_kernels
 
+    from autotuner import AutoTuner
+
+    copy = tmp_path / "kept_probe_kernels.py"
+    copy.write_text(open(c_kernels.__file__).read())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "kept_probe_kernels", raising=False)
+    probe = importlib.import_module("kept_probe_kernels")
     monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)
+    time.sleep(ray_cluster.STALE_MARGIN_S + 0.2)  # written well before any host or actor starts
     hosts, actors = _spy_starts(monkeypatch)
 
     def run():
-        result = multidevice_tuner(CONFIGS[1:3], backend="ray", devices=[0, 1], cache=False, run_timeout=60).run(1, 3)
+        result = (AutoTuner.from_kernel(probe.add_crashing, CONFIGS[1:3])
+                  .set_compile_args(out_idx=[-1], ref_prog=probe.ref_add, target="c")
+                  .set_tuning(backend="ray", devices=[0, 1], n_jobs=2, progress=False, cache=False, run_timeout=60)
+                  .run(1, 3))
         ray_cluster._await_handbacks()
         return result
 
     assert run().config == WINNER and len(hosts) == 1 and len(actors) == 2
     assert run().config == WINNER and len(hosts) == 1 and len(actors) == 2  # unchanged: kept, taken again
-    st = os.stat(c_kernels.__file__)
-    os.utime(c_kernels.__file__, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times: its ctime moves
+    st = os.stat(copy)
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same times: its ctime moves
+    time.sleep(ray_cluster.STALE_MARGIN_S + 0.2)  # so that the new ones start well after it
     assert run().config == WINNER and len(hosts) == 2 and len(actors) == 4, (hosts, actors)
     assert _ended(local_ray, hosts[0][0].actor.ready, within=30)
     assert all(_ended(local_ray, a.__ray_ready__, within=30) for a in actors[:2])
-    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(c_kernels.__file__), "elsewhere"))
+    assert run().config == WINNER and len(hosts) == 2 and len(actors) == 4  # the new ones are kept and taken
+    monkeypatch.syspath_prepend(str(tmp_path / "elsewhere"))
     assert run().config == WINNER and len(hosts) == 3 and len(actors) == 6, (hosts, actors)
 
 
@@ -271,13 +296,55 @@ def test_an_actor_whose_torch_settings_a_reference_changed_is_not_kept(local_ray
 
     monkeypatch.setattr(ray_cluster, "KEEP_S", 600.0)
     _, actors = _spy_starts(monkeypatch)
-    result = (AutoTuner.from_kernel(add, [dict(block_M=16, block_N=16)])
-              .set_compile_args(out_idx=[-1], ref_prog=ref_add_setting_tf32, target="c")
-              .set_tuning(backend="ray", n_jobs=2, progress=False, cache=False, run_timeout=60).run(1, 3))
+    was = torch.backends.cuda.matmul.allow_tf32  # the winner's check runs the reference here too: set back after
+    try:
+        result = (AutoTuner.from_kernel(add, [dict(block_M=16, block_N=16)])
+                  .set_compile_args(out_idx=[-1], ref_prog=ref_add_setting_tf32, target="c")
+                  .set_tuning(backend="ray", n_jobs=2, progress=False, cache=False, run_timeout=60).run(1, 3))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
     assert str(result.trials[0].status) == "ok"
     ray_cluster._await_handbacks()
     assert _kept() == {"ray-compile": 1} and len(actors) == 1
     assert _ended(local_ray, actors[0].__ray_ready__, within=30)
+
+
+def test_what_makes_a_measuring_process_unfit_for_another_job(monkeypatch):
+    """Changed torch settings, globals a job put into ``__main__`` (a kernel or reference defined there, whose
+    next job's globals would not replace them), and the jobs served each make it unfit; else it is fit."""
+    flags, main = ray_cluster._torch_flags(), set(vars(sys.modules["__main__"]))
+    assert ray_cluster._unfit(flags, main, 1) is None
+    assert "served" in ray_cluster._unfit(flags, main, ray_cluster.KEEP_RUNS)
+    monkeypatch.setitem(vars(sys.modules["__main__"]), "tilecarve_test_global", 1)
+    assert "__main__" in ray_cluster._unfit(flags, main, 1)
+    monkeypatch.delitem(vars(sys.modules["__main__"]), "tilecarve_test_global")
+    matmul = torch.backends.cuda.matmul  # a property of torch's cuBLAS module object: set back by hand
+    was = matmul.allow_tf32
+    try:
+        matmul.allow_tf32 = not was
+        assert "torch numerics" in ray_cluster._unfit(flags, main, 1)
+    finally:
+        matmul.allow_tf32 = was
+
+
+def test_a_module_file_changed_after_the_start_is_stale(tmp_path, monkeypatch):
+    """A module whose file changed (content, times or inode) or went away after the process started is stale;
+    one untouched since is not."""
+    path = tmp_path / "tilecarve_stale_probe.py"
+    path.write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tilecarve_stale_probe  # noqa: F401
+
+    assert "tilecarve_stale_probe" in (ray_cluster._stale(time.time()) or "")  # written as this "process" began
+    time.sleep(ray_cluster.STALE_MARGIN_S + 0.2)
+    started = time.time()
+    assert "tilecarve_stale_probe" not in (ray_cluster._stale(started) or "")
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # times as they were; the inode's change time moves
+    assert "tilecarve_stale_probe" in (ray_cluster._stale(started) or "")
+    path.unlink()
+    assert "is gone" in (ray_cluster._stale(started) or "")
+    monkeypatch.delitem(sys.modules, "tilecarve_stale_probe")
 
 
 @needs_ray
