@@ -190,10 +190,12 @@ class DevicePool:
     """
 
     def __init__(self, specs: list[BenchSpec], run_timeout: float, devices: Sequence[Device],
-                 open_bench: BenchOpener = open_isolated, timeline: Timeline | None = None) -> None:
+                 open_bench: BenchOpener = open_isolated, timeline: Timeline | None = None,
+                 close_wait: float = 0.0) -> None:
         if not devices:
             raise ValueError("a DevicePool needs at least one device")
         self.timeline = timeline if timeline is not None else Timeline()
+        self._close_wait = close_wait  # close()'s default wait
         self._cond = threading.Condition()
         self._shared: deque[_Job] = deque()
         self._closed = False
@@ -335,11 +337,13 @@ class DevicePool:
         w = self._measured_on.get((sid, index))
         return w.bench.measured_hash(sid, index) if w is not None and w.bench is not None else None
 
-    def close(self, wait: float = 0.0) -> None:
+    def close(self, wait: float | None = None) -> None:
         """Cancel what no device has taken, kill the measuring processes still busy with a candidate (a run
         that stops early; not one freeing a problem's inputs), and let each thread close its process and end.
-        Returns at once, or once every thread has ended, but after ``wait`` seconds at most (a Ray run: its
-        threads hand their actors back for the next run, :mod:`.ray_cluster`)."""
+        Returns at once, or once every thread has ended, but after ``wait`` seconds at most (by default the
+        pool's ``close_wait``: a Ray run's, whose threads hand their actors back for the next run,
+        :mod:`.ray_cluster`)."""
+        wait = self._close_wait if wait is None else wait
         with self._cond:
             self._closed = True
             pending = list(self._shared)

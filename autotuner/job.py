@@ -221,11 +221,14 @@ class _Job:
         tl = self.timeline
         tl.mark("tune start")
         if first.devices:  # backend="ray" always has its devices: one actor each
+            close_wait = 0.0
             if rs.backend == "ray":
-                from .ray_cluster import RayBench as open_bench
+                from .ray_cluster import HANDBACK_S as close_wait  # its actors kept before the run returns
+                from .ray_cluster import RayBench as open_bench  # (ray.shutdown() may follow)
             else:
                 open_bench = open_isolated
-            bench: Measurer = DevicePool(specs, rs.run_timeout, first.devices, open_bench=open_bench, timeline=tl)
+            bench: Measurer = DevicePool(specs, rs.run_timeout, first.devices, open_bench=open_bench, timeline=tl,
+                                         close_wait=close_wait)
         else:
             tl.mark("open", MEASURER)
             bench = make_measurer(specs, rs.isolate, rs.run_timeout)
@@ -251,12 +254,7 @@ class _Job:
                                       "isolate=True (the default) such a candidate costs only its own trial") from None
         finally:
             self.bar.close()
-            if isinstance(bench, DevicePool) and rs.backend == "ray":
-                from .ray_cluster import HANDBACK_S  # its actors kept before this returns (ray.shutdown() may follow)
-
-                bench.close(wait=HANDBACK_S)
-            else:
-                bench.close()
+            bench.close()
             tl.mark("job end")
             logger.info("timeline (s since the plan): %s", tl.line())
 

@@ -440,9 +440,6 @@ class _Claim:
                 raise RuntimeError("this actor is ending itself: no job called it in time")
             self._set.set()
 
-    def is_set(self) -> bool:
-        return self._set.is_set()
-
     def give_up(self, after: float) -> bool:
         """Wait ``after`` seconds for a claim; ``True`` (and ``ending``) if none came."""
         if self._set.wait(after):
@@ -538,10 +535,7 @@ def _rearm_taken(spares_: Sequence[_Spare]) -> bool:
         refused = [_headline(e)]
     if refused:
         logger.info("not using the Ray actors kept from the last run (%s); starting others", refused[0])
-        for s in spares_:
-            with contextlib.suppress(Exception):
-                s.close()
-        _end_hosts([s for s in spares_ if isinstance(s, _Host)])
+        _end(spares_)
         return False
     return True
 
@@ -553,12 +547,18 @@ def end_kept() -> int:
     with _KEPT_LOCK:
         kept = [s for ss in _KEPT.values() for s in ss]
         _KEPT.clear()
-    for s in kept:
-        with contextlib.suppress(Exception):
-            s.close()
-    with contextlib.suppress(Exception):
-        _end_hosts([s for s in kept if isinstance(s, _Host)])  # closed above: waits for them to be gone
+    _end(kept)
     return len(kept)
+
+
+def _end(spares_: Sequence[_Spare]) -> None:
+    """End kept or spare actors and hosts now, the hosts waited for (:func:`_end_hosts`)."""
+    for s in spares_:
+        if not isinstance(s, _Host):
+            with contextlib.suppress(Exception):
+                s.close()
+    with contextlib.suppress(Exception):
+        _end_hosts([s for s in spares_ if isinstance(s, _Host)])
 
 
 def _await_handbacks() -> None:
@@ -919,10 +919,14 @@ def _new_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]:
     return [_start_host(ray, node, slots, preload) for node, slots in host_slots(ray, n_jobs).items()]
 
 
+#: The first element of a compile host's :mod:`.spares` kind, and of its kept kind (:func:`_keep`).
+_HOSTS = "ray-compile"
+
+
 def _spare_kind(n_jobs: int | None) -> tuple:
     """The :mod:`.spares` kind of the compile hosts of a run with ``n_jobs``: a run takes those started for
     its own ``n_jobs`` only (their slots were sized by it)."""
-    return "ray-compile", None if n_jobs in (None, -1) else n_jobs
+    return _HOSTS, None if n_jobs in (None, -1) else n_jobs
 
 
 def prestart_compile_hosts(kernel: Any, n_jobs: int | None) -> None:
@@ -958,15 +962,17 @@ def _kept_hosts(ray: Any, preload: list[str], n_jobs: int | None) -> list[_Host]
 def _end_kept_hosts(but: tuple | None = None) -> None:
     """End the compile hosts ended runs kept, but those of kind ``but``: they hold CPUs a run's hosts need."""
     with _KEPT_LOCK:
-        kinds = [k for k in _KEPT if k[0] == _spare_kind(None)[0] and k != but]
+        kinds = [k for k in _KEPT if k[0] == _HOSTS and k != but]
     _end_hosts([h for k in kinds for h in iter(functools.partial(_take_kept, k), None)])  # type: ignore[misc]
 
 
 def _end_hosts(hosts: Sequence[_Host]) -> None:
     """End ``hosts`` and wait (a moment) for them to be gone: a host started next reserves the CPUs Ray
-    reports free, which these hold until then."""
+    reports free, which these hold until then. Those of an earlier Ray connection went with it: nothing to do
+    (a Ray call now would start a new instance)."""
     import ray
 
+    hosts = [h for h in hosts if h.mine()]
     for h in hosts:
         if h.ending is None:
             h.close()
@@ -1215,7 +1221,7 @@ def _keep_hosts(ray: Any, hosts: list[_Host], n_jobs: int | None) -> list[_Host]
     up = [h for h in hosts if h.up is not False]
     if not up or any(h.up is not True or h.cpus < h.slots for h in up):  # one started short of CPUs: not kept
         return []
-    if any(k[0] == _spare_kind(None)[0] and k != _spare_kind(n_jobs) and spares.count(k) for k in list(spares._SPARES)):
+    if any(k[0] == _HOSTS and k != _spare_kind(n_jobs) and spares.count(k) for k in list(spares._SPARES)):
         return []
     try:
         refused = [r for r in ray.get([h.actor.keep.remote(KEEP_S) for h in up], timeout=HOST_SHUTDOWN_S)
