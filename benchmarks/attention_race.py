@@ -77,11 +77,37 @@ def race_shape(b: Bench, shape: tuple, configs: dict[str, dict[str, Any]]) -> di
             kern = kernels[config_id(row["config"])]
             calls[name] = (lambda kern=kern: kern(q, k, v))
     raced = b.race_with_sdpa(calls, q, k, v, shape[5])
+    if b.args.profile:
+        raced["profiled"] = profile_calls(b, calls, q, k, v, shape[5])
     ms = raced["ms"]
     backends = [n for n in ("cudnn", "flash") if n in ms]
     return {"shape": label(shape, b.args.dtype), "problem": list(shape), "configs": by_name, **raced,
             "tflops": {n: problem.flops / m / 1e9 for n, m in ms.items()},
             "vs": {n: {bk: ms[bk] / ms[n] for bk in backends} for n in ms if n not in backends}}
+
+
+def profile_calls(b: Bench, calls: dict[str, Any], q: Any, k: Any, v: Any, causal: bool) -> list[str]:
+    """Each config's kernel and each SDPA backend once more, after three warm-up calls, inside an NVTX range
+    named ``prof``, for ``ncu --nvtx --nvtx-include prof/`` to profile those launches only. Returns the
+    names in the order they ran (the order of ncu's report)."""
+    import torch
+
+    calls = dict(calls)
+    for name, backend in b.sdpa_backends().items():
+        if name != "efficient":
+            try:
+                calls[name] = b.sdpa_call(backend, q, k, v, causal)[0]
+            except RuntimeError:
+                pass
+    for fn in calls.values():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push("prof")
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    return list(calls)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -108,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile threads")
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile", action="store_true",
+                   help="also run each kernel once in an NVTX range 'prof' (run under ncu --nvtx --nvtx-include prof/)")
     args = p.parse_args(argv)
     import torch
 
