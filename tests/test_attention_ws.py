@@ -17,7 +17,7 @@ from carver.attention import AttentionTemplate, check_attention_config, ws_regs,
 from templates import attention
 from templates.attention import ATTENTION, AttentionConfig, AttentionProblem
 from templates.attention.space import WS_TOP, ws_ranked, ws_space
-from templates.attention.ws_program import TURN_BARRIERS
+from templates.attention.ws_program import PRODUCER_WARPS, TURN_BARRIERS
 
 LLAMA = dict(batch=2, heads=32, seq_len=4096, dim=128, kv_heads=8)
 
@@ -250,6 +250,21 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     # the producer: Q once, then K and V, each after its empty barrier, by TMA; no wgmma
     assert "tma_load(Q_desc" in producer and "k_empty[" in producer and "v_empty[" in producer
     assert "tma_load(K_desc" in producer and "tma_load(V_desc" in producer and "wgmma" not in producer
+    # one warp of the producer warpgroup runs its loop and alone arrives on the full barriers (PRODUCER_WARPS)
+    assert PRODUCER_WARPS == 1 and f"if (((int)threadIdx.x) < {cfg.threads + 32}) {{" in producer
+    assert "k_full[0].init(32);" in src
+    # the row max: a tree over each thread's registers with three consumer warpgroups, TileLang's chain with two
+    assert (f"tilecarve_row_max<{cfg.block_N // 8}>(acc_s, scores_max);" in consumer) == (nwg == 3)
+    # ... which reads row r of a thread's accumulator at registers 4 g + 2 r + c (g a column group of 8, c one of
+    # its thread's two columns): where TileLang's own row sum, in the same source, reads it
+    sums = re.findall(r"scores_sum\[(i_\d+)\] = \(scores_sum\[\1\] \+ acc_s\[(.+?)\]\);", consumer)
+    assert sums
+    for i_var, index in sums:
+        rv = re.search(r"rv(?:_\d+)?", index).group(0)
+        for r in (0, 1):
+            c_int = index.replace("/", "//")  # non-negative C integers: / truncates
+            regs = {eval(c_int, {}, {rv: k, i_var: r}) for k in range(cfg.block_N // 4)}  # noqa: S307
+            assert regs == {4 * g + 2 * r + c for g in range(cfg.block_N // 8) for c in (0, 1)}, (index, r)
     # the consumers: the turns (bar.sync / bar.arrive on a named barrier a warpgroup) around Q K^T and P V
     a, b = TURN_BARRIERS[:2]
     assert f"({TURN_BARRIERS[2]}, 256)" in consumer if nwg == 3 else f"({TURN_BARRIERS[2]}, " not in src

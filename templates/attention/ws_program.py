@@ -3,10 +3,10 @@ softmax overlapped with the tensor cores, in the style of FlashAttention-3, writ
 
 Roles (384 or 512 threads, one CTA per SM):
 
-* **Producer** (the last 128 threads, ``setmaxnreg`` down to 40, or 32 beside three consumer warpgroups):
-  TMA-loads the CTA's Q tile once, then K and V tiles into a ring of ``num_stages`` stages. K and V have their
-  own full and empty mbarriers, so a K stage is refilled as soon as ``Q K^T`` has read it, while ``P V`` may
-  still read the V of that stage.
+* **Producer** (the last 128 threads, ``setmaxnreg`` down to 40, or 32 beside three consumer warpgroups; its
+  first warp runs the loop, ``PRODUCER_WARPS``): TMA-loads the CTA's Q tile once, then K and V tiles into a ring
+  of ``num_stages`` stages. K and V have their own full and empty mbarriers, so a K stage is refilled as soon as
+  ``Q K^T`` has read it, while ``P V`` may still read the V of that stage.
 * **Two or three consumer warpgroups** (``threads`` 256 or 384; ``setmaxnreg`` up to 232, or 160 for three,
   FA3's split at head dim 64, where the softmax is twice the share of a step that it is at d128): one fragment
   of ``block_M = 64 x`` warpgroups rows split by ``T.GemmWarpPolicy.FullRow``, so warpgroup ``w`` owns rows
@@ -22,6 +22,10 @@ Per key step ``k`` a warpgroup does (FA3's intra-warpgroup overlap plus its ping
     wait for S only (T.wait_wgmma(1)), release K_k
     softmax of S (mask where needed, row max, exp2, row sum)  # while P(k-1) V(k-1) and the other
     wait for P V (T.wait_wgmma(0)), release V(k-1), P(k) = cast(S)   # warpgroup's GEMMs run
+
+The row max is TileLang's ``reduce_max`` with two consumer warpgroups and, with three, a tree over each thread's
+registers (``fastmath.row_max``: 7 dependent ``FMNMX`` at 128 keys, not 32), which was faster there and slower
+with two (H200, docs/attention.md).
 
 The turn is a named barrier a warpgroup (``bar.sync`` / ``bar.arrive``, 256 threads each: the waiting
 warpgroup and the one handing over): warpgroup 0 starts, each warpgroup issues its two GEMMs in its turn and
@@ -77,10 +81,15 @@ from .config import AttentionConfig, AttentionProblem
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
-__all__ = ["TURN_BARRIERS", "ws_program"]
+__all__ = ["PRODUCER_WARPS", "TURN_BARRIERS", "ws_program"]
 
 #: Named barrier ids of the consumer warpgroups' turns, clear of the ids TileLang takes for its own syncs.
 TURN_BARRIERS = (8, 9, 10)
+
+#: Warps of the producer warpgroup that run its loop (FlashAttention-3's: one; the other three idle to the end of
+#: the kernel). All four used to wait on every empty barrier and arrive on every full one: a 0.3-1.2% loss at
+#: head dim 64 (H200, 2026-11-29; docs/attention.md), where their polling took issue slots from the consumers.
+PRODUCER_WARPS = 1
 
 
 def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
@@ -110,6 +119,12 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
     persistent = min(config.persistent, tiles)
     turn0, turn1, turn2 = TURN_BARRIERS
+    pt = 32 * PRODUCER_WARPS  # producer threads that run its loop and arrive on the full barriers
+    # the row max as a tree over each thread's registers (fastmath.row_max) with three consumer warpgroups;
+    # TileLang's reduce_max, a chain of bn / 4 dependent FMNMX per row, with two (the tree lost there, measured)
+    tree_max = nwg == 3
+    if tree_max and (bn % 8 or bn < 32):  # row_max reads 2 x bn / 8 groups of each row, 8 at least
+        raise ValueError(f"the three-warpgroup program's row max needs block_N a multiple of 8, >= 32; got {bn}")
 
     @T.macro
     def mask(acc_s, bx, k):
@@ -127,7 +142,10 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     @T.macro
     def softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum):
         T.copy(scores_max, scores_max_prev)
-        T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+        if tree_max:
+            fastmath.row_max(acc_s, scores_max, bn // 8)
+        else:
+            T.reduce_max(acc_s, scores_max, dim=1, clear=False)
         for i in T.Parallel(bm):
             scores_scale[i] = fastmath.exp2(scores_max_prev[i] * scale - scores_max[i] * scale)
         for i, j in T.Parallel(bm, bn):
@@ -442,10 +460,10 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             scores_sum = T.alloc_fragment((bm,), accum)
             logsum = T.alloc_fragment((bm,), accum)
             l_prev = T.alloc_fragment((bm,), accum)  # the previous tile's row sums, for its store
-            q_full = T.alloc_barrier([WS_PRODUCER_THREADS] * 2)
+            q_full = T.alloc_barrier([pt] * 2)
             q_empty = T.alloc_barrier([cwarps] * 2)
-            k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
-            v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            k_full = T.alloc_barrier([pt] * st)
+            v_full = T.alloc_barrier([pt] * st)
             k_empty = T.alloc_barrier([cwarps] * st)
             v_empty = T.alloc_barrier([cwarps] * st)
             # buffers, not T.alloc_var: macros write them (a macro's assignment to a var would rebind a name)
@@ -455,11 +473,12 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
                 T.set_max_nreg(producer_regs, 0)
-                for w2 in T.serial(-(-rounds // 2)):  # in pairs: each Q buffer's index a constant
-                    produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
-                                      2 * w2, 0, ids, ring_p)
-                    produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty, v_empty,
-                                      2 * w2 + 1, 1, ids, ring_p)
+                if tx < ct + pt:
+                    for w2 in T.serial(-(-rounds // 2)):  # in pairs: each Q buffer's index a constant
+                        produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty,
+                                          v_empty, 2 * w2, 0, ids, ring_p)
+                        produce_pipelined(Q, K, V, Q_s, K_s, V_s, q_full, q_empty, k_full, v_full, k_empty,
+                                          v_empty, 2 * w2 + 1, 1, ids, ring_p)
             else:  # the consumer warpgroups
                 T.set_max_nreg(consumer_regs, 1)
                 wg = tx // 128
@@ -502,23 +521,24 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             scores_sum = T.alloc_fragment((bm,), accum)
             logsum = T.alloc_fragment((bm,), accum)
             # Q's full barrier, and (persistent) its empty one: the one-tile form loads Q once
-            q_bar = T.alloc_barrier([WS_PRODUCER_THREADS] + [cwarps] * (persistent > 0))
-            k_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
-            v_full = T.alloc_barrier([WS_PRODUCER_THREADS] * st)
+            q_bar = T.alloc_barrier([pt] + [cwarps] * (persistent > 0))
+            k_full = T.alloc_barrier([pt] * st)
+            v_full = T.alloc_barrier([pt] * st)
             k_empty = T.alloc_barrier([cwarps] * st)
             v_empty = T.alloc_barrier([cwarps] * st)
             base = T.alloc_var("int32", init=0)  # ring iterations of the CTA's tiles before this one
             tx = T.get_thread_binding()
             if tx >= ct:  # the producer warpgroup
                 T.set_max_nreg(producer_regs, 0)
-                for w in T.serial(rounds):
-                    bx, by, bz, live = tile_of(w, ids)
-                    if live:
-                        steps = key_steps(S, bm, bn, bx, causal)
-                        produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty,
-                                bx, by, bz, steps, ring(base), w)
-                        if persistent:
-                            base = base + steps
+                if tx < ct + pt:
+                    for w in T.serial(rounds):
+                        bx, by, bz, live = tile_of(w, ids)
+                        if live:
+                            steps = key_steps(S, bm, bn, bx, causal)
+                            produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty,
+                                    bx, by, bz, steps, ring(base), w)
+                            if persistent:
+                                base = base + steps
             else:  # the consumer warpgroups
                 T.set_max_nreg(consumer_regs, 1)
                 wg = tx // 128
