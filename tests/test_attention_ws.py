@@ -185,6 +185,20 @@ def test_ws_overlap_is_the_fit_of_the_measured_pairs():
     assert rms_log_error(pairs, h200, 0.9) > 0.2
 
 
+def test_the_tree_row_max_is_for_three_warpgroups_of_32_keys_or_more():
+    """``fastmath.row_max`` reads eight columns of a row per thread; a three-warpgroup config of 16 keys (legal)
+    builds with TileLang's row max instead, and row_max itself refuses fewer columns."""
+    from templates.attention import fastmath
+
+    p = AttentionProblem(1, 4, 1000, 64)
+    for bn, tree in ((16, False), (32, True)):
+        cfg = ws(bn, 2, bm=192, threads=384)
+        assert ATTENTION.check(p, cfg, CUDA("H100")) == []
+        assert ("tilecarve_row_max<" in ATTENTION.program(p, cfg).script()) == tree
+    with pytest.raises(ValueError, match="groups >= 4, got 2"):
+        fastmath.row_max(None, None, 2)
+
+
 # -------------------------------------------------------------------------------- nvcc: sm_90a
 NVCC_CASES = {
     # name: (problem, config): GQA causal d128 (the Llama case), odd seq_len everywhere but the last
@@ -254,7 +268,8 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, monkeypatch):
     assert PRODUCER_WARPS == 1 and f"if (((int)threadIdx.x) < {cfg.threads + 32}) {{" in producer
     assert "k_full[0].init(32);" in src
     # the row max: a tree over each thread's registers with three consumer warpgroups, TileLang's chain with two
-    assert (f"tilecarve_row_max<{cfg.block_N // 8}>(acc_s, scores_max);" in consumer) == (nwg == 3)
+    tree = f"tilecarve_row_max<{cfg.block_N // 8}>(acc_s, scores_max);"
+    assert (tree in consumer) == (nwg == 3 and cfg.block_N >= 32)
     # ... which reads row r of a thread's accumulator at registers 4 g + 2 r + c (g a column group of 8, c one of
     # its thread's two columns): where TileLang's own row sum, in the same source, reads it
     sums = re.findall(r"scores_sum\[(i_\d+)\] = \(scores_sum\[\1\] \+ acc_s\[(.+?)\]\);", consumer)

@@ -61,7 +61,10 @@ def exp2(x: Any) -> Any:
 def row_max(acc_s: Any, scores_max: Any, groups: int) -> Any:
     """``scores_max[i] = max(scores_max[i], max_j acc_s[i, j])`` for a warpgroup's wgmma accumulator (each thread:
     2 rows x ``groups`` column groups of 8 x 2 columns, element ``g * 4 + r * 2 + c``; a row across the 4 threads of
-    a quad), as a tree (depth ``2 * groups / 8 + 3``, not ``2 * groups``) and two shuffles."""
+    a quad), as a tree (depth ``2 * groups / 8 + 3``, not ``2 * groups``) and two shuffles. Its eight chains need
+    ``groups >= 4`` (32 columns)."""
+    if groups < 4:
+        raise ValueError(f"row_max reads 8 columns of a row per thread at least: groups >= 4, got {groups}")
     import tilelang.language as T
 
     return T.call_extern("handle", f"{ROW_MAX}<{groups}>", acc_s.data, scores_max.data)

@@ -23,9 +23,9 @@ Per key step ``k`` a warpgroup does (FA3's intra-warpgroup overlap plus its ping
     softmax of S (mask where needed, row max, exp2, row sum)  # while P(k-1) V(k-1) and the other
     wait for P V (T.wait_wgmma(0)), release V(k-1), P(k) = cast(S)   # warpgroup's GEMMs run
 
-The row max is TileLang's ``reduce_max`` with two consumer warpgroups and, with three, a tree over each thread's
-registers (``fastmath.row_max``: 7 dependent ``FMNMX`` at 128 keys, not 32), which was faster there and slower
-with two (H200, docs/attention.md).
+The row max is TileLang's ``reduce_max`` with two consumer warpgroups and, with three (and 32 keys a step or
+more), a tree over each thread's registers (``fastmath.row_max``: 7 dependent ``FMNMX`` at 128 keys, not 32),
+which was faster there and slower with two (H200, docs/attention.md).
 
 The turn is a named barrier a warpgroup (``bar.sync`` / ``bar.arrive``, 256 threads each: the waiting
 warpgroup and the one handing over): warpgroup 0 starts, each warpgroup issues its two GEMMs in its turn and
@@ -87,8 +87,8 @@ __all__ = ["PRODUCER_WARPS", "TURN_BARRIERS", "ws_program"]
 TURN_BARRIERS = (8, 9, 10)
 
 #: Warps of the producer warpgroup that run its loop (FlashAttention-3's: one; the other three idle to the end of
-#: the kernel). All four used to wait on every empty barrier and arrive on every full one: a 0.3-1.2% loss at
-#: head dim 64 (H200, 2026-11-29; docs/attention.md), where their polling took issue slots from the consumers.
+#: the kernel). All four used to wait on every empty barrier and arrive on every full one: 0.1-1.2% slower in 17
+#: of 18 pairs at head dim 64 (H200, 2026-11-29; docs/attention.md), their polling taking the consumers' issue slots.
 PRODUCER_WARPS = 1
 
 
@@ -122,9 +122,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     pt = 32 * PRODUCER_WARPS  # producer threads that run its loop and arrive on the full barriers
     # the row max as a tree over each thread's registers (fastmath.row_max) with three consumer warpgroups;
     # TileLang's reduce_max, a chain of bn / 4 dependent FMNMX per row, with two (the tree lost there, measured)
-    tree_max = nwg == 3
-    if tree_max and (bn % 8 or bn < 32):  # row_max reads 2 x bn / 8 groups of each row, 8 at least
-        raise ValueError(f"the three-warpgroup program's row max needs block_N a multiple of 8, >= 32; got {bn}")
+    # and below 32 keys (a chain of at most 4: nothing to shorten, and row_max's eight chains need 32)
+    tree_max = nwg == 3 and bn >= 32
 
     @T.macro
     def mask(acc_s, bx, k):
