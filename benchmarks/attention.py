@@ -155,11 +155,10 @@ class Bench:
             fn()
             return fn, "K/V repeated to every query head (backend refuses enable_gqa)"
 
-    def race_with_sdpa(self, calls: dict[str, Any], q: Any, k: Any, v: Any, causal: bool) -> dict[str, Any]:
-        """``calls`` (name -> zero-argument call) and the flash and cuDNN SDPA backends in ``rounds``
-        interleaved rounds: medians (``ms``), every round's times and how each backend was called."""
-        calls = dict(calls)
-        notes = {}
+    def flash_and_cudnn(self, q: Any, k: Any, v: Any, causal: bool) -> tuple[dict[str, Any], dict[str, str]]:
+        """Zero-argument calls of the flash and cuDNN SDPA backends that run here, and a note per backend (how
+        it was called, or why it is unavailable)."""
+        calls, notes = {}, {}
         for name, backend in self.sdpa_backends().items():
             if name == "efficient":
                 continue
@@ -167,7 +166,13 @@ class Bench:
                 calls[name], notes[name] = self.sdpa_call(backend, q, k, v, causal)
             except RuntimeError as e:
                 notes[name] = f"unavailable: {str(e)[:200]}"
-        times = self.interleaved(calls)
+        return calls, notes
+
+    def race_with_sdpa(self, calls: dict[str, Any], q: Any, k: Any, v: Any, causal: bool) -> dict[str, Any]:
+        """``calls`` (name -> zero-argument call) and the flash and cuDNN SDPA backends in ``rounds``
+        interleaved rounds: medians (``ms``), every round's times and how each backend was called."""
+        backends, notes = self.flash_and_cudnn(q, k, v, causal)
+        times = self.interleaved({**calls, **backends})
         return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
 
     def interleaved(self, calls: dict[str, Any]) -> dict[str, list[float]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +30,28 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from attention import Bench, label, parse_shape  # noqa: E402
 from attention_race import profile_calls  # noqa: E402
-from benchlib import dump, error_text, log  # noqa: E402
+from benchlib import compile_all, dump, error_text, log, mismatches  # noqa: E402
 
 
-def build(problem: Any, configs: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``{"config/variant": (program, pass configs)}``, each program built with its variant's constants set
-    (and the module's own values put back after)."""
+@dataclass(frozen=True)
+class Built:
+    """A config's program built under a variant (``name``: ``config/variant``), or the error that stopped it."""
+
+    name: str
+    pass_configs: dict[str, Any]
+    program: Any = None
+    error: BaseException | None = None
+
+    def get(self) -> Any:
+        """The program, for ``benchlib.compile_all``'s ``build`` (which records the error raised here)."""
+        if self.error is not None:
+            raise self.error
+        return self.program
+
+
+def build(problem: Any, configs: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Built]:
+    """Each config under each variant, keyed ``config/variant``, built with the variant's constants set (and the
+    module's own values put back after)."""
     from templates.attention import ATTENTION
     from templates.attention import ws_program as W
 
@@ -44,60 +60,47 @@ def build(problem: Any, configs: dict[str, Any], variants: dict[str, dict[str, A
         names = ", ".join(n for n in dir(W) if n.isupper())
         raise SystemExit(f"--variants names {unknown}, not constants of templates/attention/ws_program.py ({names})")
     defaults = {k: getattr(W, k) for v in variants.values() for k in v}
-    progs: dict[str, Any] = {}
+    built: dict[str, Built] = {}
     try:
         for vname, knobs in variants.items():
             for k, v in {**defaults, **knobs}.items():
                 setattr(W, k, v)
             for name, c in configs.items():
-                cfg = ATTENTION.config_type.from_dict(c)
+                cfg, key = ATTENTION.config_type.from_dict(c), f"{name}/{vname}"
                 try:
-                    progs[f"{name}/{vname}"] = (ATTENTION.program(problem, cfg), dict(cfg.pass_configs) or None)
+                    built[key] = Built(key, dict(cfg.pass_configs), ATTENTION.program(problem, cfg))
                 except Exception as e:  # a config the program refuses is a result too
-                    progs[f"{name}/{vname}"] = (None, error_text(e))
+                    built[key] = Built(key, dict(cfg.pass_configs), error=e)
     finally:
         for k, v in defaults.items():
             setattr(W, k, v)
-    return progs
+    return built
 
 
 def run_shape(b: Bench, shape: tuple, configs: dict[str, Any], variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     import torch
 
-    from autotuner.compile import tl_compile
     from templates.attention import ATTENTION
 
     problem = b.problem(shape)
     q, k, v = b.inputs(shape)
     ref = ATTENTION.reference(problem)(q, k, v)
-
-    def one(item: tuple[str, Any]) -> tuple[str, Any, str | None]:
-        name, (prog, extra) = item
-        if prog is None:
-            return name, None, extra
-        try:
-            return name, tl_compile(prog, "cuda", extra, out_idx=[-1]), None
-        except Exception as e:
-            return name, None, error_text(e)
-
-    with ThreadPoolExecutor(b.args.jobs) as pool:
-        compiled = list(pool.map(one, build(problem, configs, variants).items()))
+    items = list(build(problem, configs, variants).values())
     calls: dict[str, Any] = {}
     checks: dict[str, Any] = {}
-    for name, kern, err in compiled:
+    for item, kern, _, err in compile_all(None, None, items, b.args.jobs, build=Built.get):
         if kern is None:
-            checks[name] = {"correct": False, "error": err}
+            checks[item.name] = {"correct": False, "error": err}
             continue
         try:
-            out = kern(q, k, v)
-            bad = int((~torch.isclose(out.float(), ref.float(), atol=1e-2, rtol=1e-2)).sum())
+            bad = mismatches(kern(q, k, v), ref)
         except Exception as e:  # e.g. more shared memory than the GPU has
-            checks[name] = {"correct": False, "error": error_text(e)}
+            checks[item.name] = {"correct": False, "error": error_text(e)}
             torch.cuda.synchronize()
             continue
-        checks[name] = {"correct": bad == 0, "mismatches": bad}
+        checks[item.name] = {"correct": bad == 0, "mismatches": bad}
         if bad == 0:
-            calls[name] = (lambda kern=kern: kern(q, k, v))
+            calls[item.name] = (lambda kern=kern: kern(q, k, v))
     raced = b.race_with_sdpa(calls, q, k, v, shape[5])
     if b.args.profile:
         raced["profiled"] = profile_calls(b, calls, q, k, v, shape[5])

@@ -92,13 +92,7 @@ def profile_calls(b: Bench, calls: dict[str, Any], q: Any, k: Any, v: Any, causa
     names in the order they ran (the order of ncu's report)."""
     import torch
 
-    calls = dict(calls)
-    for name, backend in b.sdpa_backends().items():
-        if name != "efficient":
-            try:
-                calls[name] = b.sdpa_call(backend, q, k, v, causal)[0]
-            except RuntimeError:
-                pass
+    calls = {**calls, **b.flash_and_cudnn(q, k, v, causal)[0]}
     for fn in calls.values():
         for _ in range(3):
             fn()

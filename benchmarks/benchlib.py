@@ -43,17 +43,27 @@ def error_text(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e)[-400:]}"
 
 
-def compile_all(family: Any, problem: Any, configs: Sequence[Any], jobs: int,
-                out_idx: Sequence[int] = (-1,)) -> list[tuple[Any, Any, float, str | None]]:
+def mismatches(out: Any, ref: Any, atol: float = 1e-2, rtol: float = 1e-2) -> int:
+    """Elements of ``out`` not close to ``ref`` (both compared in fp32); a correct kernel has none."""
+    import torch
+
+    return int((~torch.isclose(out.float(), ref.float(), atol=atol, rtol=rtol)).sum())
+
+
+def compile_all(family: Any, problem: Any, configs: Sequence[Any], jobs: int, out_idx: Sequence[int] = (-1,),
+                build: Callable[[Any], Any] | None = None) -> list[tuple[Any, Any, float, str | None]]:
     """``(config, kernel or None, compile seconds, error or None)`` for each config (with its own pass
     configs), compiled for the local GPU in ``jobs`` threads (nvcc runs in subprocesses, so threads
-    overlap)."""
+    overlap). ``build(config)`` makes a config's program: ``family.program(problem, config)`` unless given
+    (``attention_ab.py`` hands over programs it built beforehand)."""
     from autotuner.compile import tl_compile
+
+    build = build or (lambda cfg: family.program(problem, cfg))
 
     def one(cfg: Any) -> tuple[Any, Any, float, str | None]:
         t = time.time()
         try:  # tl_compile: a split-K program's workspace is a scratch parameter, allocated per call
-            k = tl_compile(family.program(problem, cfg), "cuda", dict(cfg.pass_configs) or None, out_idx=list(out_idx))
+            k = tl_compile(build(cfg), "cuda", dict(cfg.pass_configs) or None, out_idx=list(out_idx))
             return cfg, k, time.time() - t, None
         except Exception as e:  # a failing config is a result, recorded with its message
             return cfg, None, time.time() - t, error_text(e)
@@ -94,7 +104,7 @@ def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: S
         if k is not None and clock.left() > 5:
             try:
                 out = k(*inputs)
-                bad = int((~torch.isclose(out.float(), ref.float(), atol=atol, rtol=rtol)).sum())
+                bad = mismatches(out, ref, atol, rtol)
                 row.update(correct=bad == 0, mismatches=bad)
                 if bad == 0:
                     row["ms"] = clock.time(lambda k=k: k(*inputs))

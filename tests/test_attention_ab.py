@@ -19,7 +19,7 @@ def test_a_variant_builds_its_programs_under_its_constants_and_puts_them_back():
 
     progs = build(AttentionProblem(1, 4, 256, 64), {"c": CFG}, {"new": {}, "old": {"PRODUCER_WARPS": 4}})
     assert W.PRODUCER_WARPS == 1
-    new, old = (progs[f"c/{v}"][0].script() for v in ("new", "old"))
+    new, old = (progs[f"c/{v}"].get().script() for v in ("new", "old"))
     # the producer's loop: its first warp (256 consumer threads + 32), or all four warps (the pre-change program)
     assert "if tx < 288:" in new and "if tx < 288:" not in old and "if tx < 384:" in old
 
@@ -36,5 +36,9 @@ def test_a_config_the_program_refuses_is_a_result():
     from attention_ab import build
 
     progs = build(AttentionProblem(1, 4, 256, 64), {"bad": {**CFG, "block_M": 64}}, {"new": {}})
-    prog, why = progs["bad/new"]
-    assert prog is None and "block_M" in why
+    bad = progs["bad/new"]
+    assert bad.program is None and "block_M" in str(bad.error)
+    from benchlib import compile_all
+
+    ((item, kernel, _, error),) = compile_all(None, None, [bad], 1, build=type(bad).get)  # no compile tried
+    assert item is bad and kernel is None and error.startswith("ValueError: ") and "block_M" in error
