@@ -528,16 +528,22 @@ def _rearm_taken(spares_: Sequence[_Spare]) -> bool:
     changed since it imported them (:func:`_stale`) refuses, and one that does not answer has ended."""
     import ray
 
-    try:
-        refused = [r for r in ray.get([s.actor.rearm.remote(UNCLAIMED_EXIT_S) for s in spares_],
-                                      timeout=HOST_SHUTDOWN_S) if r is not None]
-    except Exception as e:  # noqa: BLE001 - gone, or stuck
-        refused = [_headline(e)]
-    if refused:
-        logger.info("not using the Ray actors kept from the last run (%s); starting others", refused[0])
+    refused = _refusal(ray, [s.actor.rearm.remote(UNCLAIMED_EXIT_S) for s in spares_])
+    if refused is not None:
+        logger.info("not using the Ray actors kept from the last run (%s); starting others", refused)
         _end(spares_)
         return False
     return True
+
+
+def _refusal(ray: Any, calls: list) -> str | None:
+    """The first reason kept actors or hosts gave for refusing another run (``calls``: their ``keep`` or
+    ``rearm``), or the error of one that did not answer within :data:`HOST_SHUTDOWN_S` (gone, or stuck);
+    ``None`` when every one agreed."""
+    try:
+        return next((r for r in ray.get(calls, timeout=HOST_SHUTDOWN_S) if r is not None), None)
+    except Exception as e:  # noqa: BLE001 - gone, or stuck
+        return _headline(e)
 
 
 def end_kept() -> int:
@@ -1221,15 +1227,11 @@ def _keep_hosts(ray: Any, hosts: list[_Host], n_jobs: int | None) -> list[_Host]
     up = [h for h in hosts if h.up is not False]
     if not up or any(h.up is not True or h.cpus < h.slots for h in up):  # one started short of CPUs: not kept
         return []
-    if any(k[0] == _HOSTS and k != _spare_kind(n_jobs) and spares.count(k) for k in list(spares._SPARES)):
+    if any(k[0] == _HOSTS and k != _spare_kind(n_jobs) for k in spares.kinds()):
         return []
-    try:
-        refused = [r for r in ray.get([h.actor.keep.remote(KEEP_S) for h in up], timeout=HOST_SHUTDOWN_S)
-                   if r is not None]
-    except Exception as e:  # noqa: BLE001 - one that does not answer: none kept
-        refused = [_headline(e)]
-    if refused:
-        logger.debug("the compile hosts are not kept: %s", refused[0])
+    refused = _refusal(ray, [h.actor.keep.remote(KEEP_S) for h in up])
+    if refused is not None:
+        logger.debug("the compile hosts are not kept: %s", refused)
         return []
     for h in up:
         h.busy, h.solo, h.replaces = 0, False, False

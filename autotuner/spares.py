@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Protocol
 
-__all__ = ["MAX_AGE_S", "Spare", "close_all", "count", "keep", "take"]
+__all__ = ["MAX_AGE_S", "Spare", "close_all", "count", "keep", "kinds", "take"]
 
 #: A spare older than this is closed rather than taken (a measuring process quits on its own 60 s later).
 MAX_AGE_S = 240.0
@@ -51,6 +51,13 @@ def count(kind: tuple) -> int:
     for s in stale:
         s.close()
     return n
+
+
+def kinds() -> list[tuple]:
+    """The kinds that have usable spares waiting (stale ones are closed)."""
+    with _LOCK:
+        waiting = list(_SPARES)
+    return [k for k in waiting if count(k)]
 
 
 def keep(kind: tuple, spare: Spare) -> None:

@@ -157,6 +157,17 @@ def test_a_spare_too_old_or_dead_is_closed_not_taken():
         spares.close_all()
 
 
+def test_the_kinds_waiting_are_those_with_a_usable_spare():
+    usable, stale = ("test", "usable"), ("test", "stale")
+    spares.keep(usable, _FakeSpare(1))
+    spares.keep(stale, old := _FakeSpare(spares.MAX_AGE_S + 1))
+    try:
+        waiting = spares.kinds()
+        assert usable in waiting and stale not in waiting and old.closed
+    finally:
+        spares.close_all()
+
+
 def test_a_gpu_measuring_side_without_a_driver_starts_all_the_same(monkeypatch):
     """The context thread (bench._create_context) finds no libcuda here: it stamps nothing and raises
     nothing, and the rest of the start (imports, torch's own CUDA start, which fails quietly) goes on; the

@@ -394,7 +394,7 @@ def test_kept_hosts_that_do_not_fit_the_next_run_are_ended(local_ray, tmp_path, 
 def _spare_hosts() -> int:
     from autotuner import spares
 
-    return sum(spares.count(kind) for kind in list(spares._SPARES) if kind[0] == "ray-compile")
+    return sum(spares.count(kind) for kind in spares.kinds() if kind[0] == "ray-compile")
 
 
 @needs_ray
