@@ -300,6 +300,73 @@ def test_runs_and_matches_the_fp32_reference(shape):
         assert bad == 0, (str(c), bad, float((out.float() - ref).abs().max()))
 
 
+HOSTILE_SHAPES = [
+    dict(batch=1, heads=4, seq_len=300, dim=64, kv_heads=2, causal=True),
+    dict(batch=1, heads=4, seq_len=300, dim=128, kv_heads=2, causal=False),
+    dict(batch=2, heads=4, seq_len=300, dim=128, kv_heads=2, causal=True, dtype="bfloat16"),
+]
+
+
+def attention_by_definition(Q, K, V, causal):
+    """softmax(Q K^T / sqrt(D)) V in fp32, with the causal mask *replacing* the scores of the keys a row does not
+    see: the definition, whatever those keys hold. (torch's SDPA math path adds its mask, -inf + NaN = NaN, so a NaN
+    in a key a causal row does not see makes that row NaN there too; measured on an H200, torch 2.11.)"""
+    import torch
+
+    groups = Q.shape[2] // K.shape[2]
+    q, k, v = Q.float(), K.float().repeat_interleave(groups, 2), V.float().repeat_interleave(groups, 2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) / Q.shape[3] ** 0.5
+    if causal:
+        S = Q.shape[1]
+        s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", HOSTILE_SHAPES, ids=lambda s: AttentionProblem(**s).describe().replace(" ", "-"))
+def test_nan_and_inf_in_the_inputs_reach_exactly_the_outputs_that_see_them(shape):
+    """A NaN or inf in Q, K or V makes NaN the outputs whose rows see it, in both programs, and no other output: a
+    causal query row that does not see a key (the key's block's earlier rows; in a preallocated cache, the future
+    keys hold whatever memory holds) stays finite, as attention is defined (:func:`attention_by_definition`). The
+    plain program once added its mask onto the product (-inf + NaN = NaN) and made those rows NaN; it now replaces
+    the score, as the ws program does. (A NaN in V at a key a causal row does not see is left out: the kernels' and
+    any dense ``P V`` make 0 x NaN = NaN, for the rows of that key's block.) Without NaN and inf, the definition is
+    the fp32 reference tuning checks against."""
+    import torch
+
+    p = AttentionProblem(**shape)
+    dt = getattr(torch, p.dtype)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    Q = torch.randn(p.batch, p.seq_len, p.heads, p.dim, device="cuda", generator=gen).to(dt)
+    K, V = (torch.randn(p.batch, p.seq_len, p.kv_heads, p.dim, device="cuda", generator=gen).to(dt) for _ in "KV")
+    clean = attention_by_definition(Q, K, V, p.causal)
+    assert torch.allclose(clean, attention.ref_program(Q, K, V, causal=p.causal).float(), atol=1e-2, rtol=1e-2)
+    K[0, 70, 0, 3] = float("nan")  # with 64 or 128 keys a block, rows 64-69 or 0-69 share its block and do not see it
+    K[0, 200, 1, 5] = float("inf")  # +inf or -inf scores, by the sign of each query's element 5
+    Q[0, 33, 2, 0] = float("inf")  # a row of a head reading KV head 1, before key 200
+    if not p.causal:
+        V[0, 150, 1, 7] = float("nan")
+    want = attention_by_definition(Q, K, V, p.causal)
+    nan = torch.isnan(want)
+    assert nan.any() and not nan.all() and not torch.isinf(want).any()
+    if p.causal:  # the rows before key 70 of the heads reading KV head 0 are finite, those after are NaN
+        assert not nan[0, :70, :p.groups].any() and nan[0, 70:, :p.groups].all()
+    configs = [cfg(128, 128, 2, 256), cfg(64, 64, 1, 128)]
+    if torch.cuda.get_device_capability() == (9, 0):  # the ws program: two and three consumer warpgroups, persistent
+        ws = dict(variant="ws", num_stages=2)
+        configs += [AttentionConfig(block_M=128, block_N=128, threads=256, **ws),
+                    AttentionConfig(block_M=128, block_N=64, threads=256, persistent=3, **ws),
+                    AttentionConfig(block_M=192, block_N=64 if p.dim == 128 else 128, threads=384, **ws),
+                    AttentionConfig(block_M=192, block_N=64, threads=384, persistent=2, **ws)]
+    for c in configs:
+        assert ATTENTION.check(p, c, CUDA("cuda")) == [], c
+        out = ATTENTION.compile(p, c)(Q, K, V).float()
+        assert torch.equal(torch.isnan(out), nan), (str(c), int((torch.isnan(out) != nan).sum()))
+        ok = ~nan
+        bad = int((~torch.isclose(out[ok], want[ok], atol=1e-2, rtol=1e-2)).sum())
+        assert bad == 0, (str(c), bad)
+
+
 @pytest.mark.gpu
 def test_tune_end_to_end():
     import torch

@@ -10,8 +10,11 @@ TileLang 0.1.15 it gave wrong results on every shape measured on an H200, docs/a
 
 Sequence lengths that are not multiples of the blocks:
 
-* keys at positions >= seq_len get a score of -inf before the row max (the score tile starts at 0 or
-  -inf and the product accumulates onto it), and K/V rows past seq_len are loaded as zeros (TileLang
+* keys at positions >= seq_len get a score of -inf before the row max: the mask *replaces* the product's
+  score after ``Q K^T`` (as in ``ws_program.py``). It used to start the score tile at 0 or -inf and accumulate
+  the product onto it, so a NaN or inf in a masked key's K row (a causal query's future keys: in a
+  preallocated cache, whatever memory holds) gave -inf + NaN = NaN, and the query rows of that key's block,
+  which must not see it, came out NaN where the reference is finite. K/V rows past seq_len are loaded as zeros (TileLang
   guards the copy: TMA fills out-of-range rows with zeros, cp.async copies are predicated with zero
   fill), so ``P V`` multiplies exact zeros, never garbage;
 * query rows past seq_len are computed on zero-filled Q and never stored (the output copy is guarded);
@@ -86,14 +89,15 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
 
             for k in T.Pipelined(steps, num_stages=num_stages):
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_shared)
-                if causal:
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                if causal:  # the mask replaces the score: a masked key's NaN or inf never reaches the row
                     for i, j in T.Parallel(block_M, block_N):
                         acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j) & (k * block_N + j < S),
-                                                     0, -T.infinity(accum))
-                else:
+                                                     acc_s[i, j], -T.infinity(accum))
+                elif S % block_N:
                     for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else(k * block_N + j < S, 0, -T.infinity(accum))
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
+                        acc_s[i, j] = T.if_then_else(k * block_N + j < S, acc_s[i, j], -T.infinity(accum))
 
                 T.copy(scores_max, scores_max_prev)
                 T.fill(scores_max, -T.infinity(accum))
