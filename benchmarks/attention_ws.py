@@ -17,8 +17,12 @@ Per shape (``B,H,H_kv,S,D,causal`` as in ``benchmarks/attention.py``; the six Ll
 3. **race**: the best plain config, the best ws config and the SDPA backends in ``--rounds`` interleaved
    rounds (CUDA events after an L2 flush); medians, TFLOP/s and the ratios.
 
-Writes ``<out>/ws.json`` after every shape (rows, the model's prediction of each ws config) and
-``<out>/summary.md`` at the end.
+Writes ``<out>/ws.json`` after every shape (rows, the model's prediction of each ws config), ``<out>/summary.md``
+at the end, and per shape a grid file ``<out>/grid/<shape>.json`` in ``measure_gemm_grid.py``'s format, marked
+``"variants": true``: every config step 2 measured (the plain top-8 and the whole ws space) and every config the
+check found wrong. ``benchmarks/hint_quality.py --data <out>/grid`` then scores the candidates tuning measures
+(``candidates(..., variants=True)``: both programs) against them. ``--grids-from <ws.json>`` writes the grid files of
+an earlier run into ``--out`` (no GPU).
 """
 
 from __future__ import annotations
@@ -117,6 +121,30 @@ def ratio(ms: dict[str, float], a: str, c: str) -> float | None:
     return ms[a] / ms[c] if a in ms and c in ms else None
 
 
+def grid(row: dict[str, Any], device: str) -> dict[str, Any]:
+    """One shape's ``ws.json`` row as a grid file (``tilecarve.quality``'s format): every config measured in step 2,
+    and the ws configs the check found wrong (``correct`` False: the grid scores only correct, timed rows). The
+    grid is no exhaustive T.Pipelined grid: it holds the plain program's top-8 and every ws config, so it judges
+    the candidates tuning measures (``"variants": true``), which add the ws configs to the plain top-k."""
+    b, h, hkv, s, d, causal = row["problem"]
+    wrong = [r for r in row["check"] if r.get("correct") is False]
+    results = row["measured"] + wrong
+    return {"summary": {"family": "attention", "variants": True, "device": device, "shape": row["shape"],
+                        "problem": {"batch": b, "heads": h, "kv_heads": hkv, "seq_len": s, "dim": d,
+                                    "causal": bool(causal), "dtype": row["dtype"]},
+                        "source": "benchmarks/attention_ws.py", "n_configs": len(results)},
+            "results": results}
+
+
+def write_grids(rows: list[dict[str, Any]], device: str, out: Path) -> list[Path]:
+    """``out/<shape>.json`` for each row (:func:`grid`)."""
+    paths = []
+    for row in rows:
+        paths.append(out / f"{row['shape']}.json")
+        dump(paths[-1], grid(row, device))
+    return paths
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
 
@@ -160,6 +188,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             f"persistent/cudnn {row['persistent_vs_cudnn']}")
         rows.append(row)
         dump(out / "ws.json", {"device": b.device, "rows": rows})
+        write_grids([row], b.device, out / "grid")
         del qkv, ref, kernels
         torch.cuda.empty_cache()
     return rows
@@ -194,10 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile threads")
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--grids-from", metavar="WS_JSON", help="write the grid files of this earlier ws.json into --out")
     p.add_argument("--child", type=parse_shape, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args)
+    if args.grids_from:
+        data = json.loads(Path(args.grids_from).read_text())
+        for path in write_grids(data["rows"], data["device"], Path(args.out)):
+            print(f"wrote {path}")
+        return 0
     t0 = time.time()
     rows = run(args)
     text = table(rows)

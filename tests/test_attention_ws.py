@@ -516,6 +516,35 @@ def test_ws3_overlap_is_the_fit_of_the_raced_configs():
         assert min(row["ms"][n] for n in top3) < (1.03 if row in fitted else 1.04) * best, (row["shape"], top3)
 
 
+def test_the_ws_benchmark_writes_a_grid_of_both_programs(tmp_path):
+    """``attention_ws.grid``: a shape's step-2 measurements and the configs its check found wrong, as a grid file
+    ``tilecarve.quality`` reads (``"variants": true``, so it scores what tuning measures); a config the time limit
+    cut (``correct`` None) is left out, as unmeasured."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import attention_ws
+
+    from tilecarve import quality
+
+    fast, plain = ws(128, 2).to_dict(), {"block_M": 128, "block_N": 128, "num_stages": 2,
+                                                         "threads": 256}
+    bad, cut = ws(64, 2).to_dict(), ws(96, 2, bm=192, threads=384).to_dict()
+    row = {"shape": "b1-h8kv2-s512-d64-causal-float16", "problem": [1, 8, 2, 512, 64, 1], "dtype": "float16",
+           "check": [{"config": fast, "ms": 0.1, "correct": True}, {"config": bad, "ms": 0.05, "correct": False},
+                     {"config": cut, "correct": None}],
+           "measured": [{"config": plain, "ms": 0.2, "correct": True}, {"config": fast, "ms": 0.1, "correct": True}]}
+    (path,) = attention_ws.write_grids([row], "NVIDIA H200", tmp_path)
+    (g,) = quality.load_grids(path)
+    assert g.family == "attention" and g.summary["variants"] is True
+    assert g.summary["problem"] == {"batch": 1, "heads": 8, "kv_heads": 2, "seq_len": 512, "dim": 64,
+                                    "causal": True, "dtype": "float16"}
+    assert [r["config"] for r in g.rows] == [plain, fast]  # the wrong one is not scored, the cut one not there
+    assert json.loads(path.read_text())["summary"]["n_configs"] == 3
+    s = quality.score_grid(g)
+    assert s["best_config"] == fast and max(filter(None, s["recall"][quality.TILECARVE_HINTS])) == 1.0
+
+
 def test_the_ws_benchmark_tells_a_hang_from_its_time_limit():
     """``benchmarks/attention_ws.py`` checks a shape's ws configs in a child with a time limit. The config the child
     was checking when it stopped is wrong only if it had run ``STALL_S`` (a deadlock or a crash); cut sooner, it

@@ -188,3 +188,24 @@ def test_a_file_that_spells_every_default_out_scores_as_one_that_leaves_them_out
         (whole,) = quality.load_grids(tmp_path / family)
         a, b = quality.score_grid(grid), quality.score_grid(whole)
         assert a["recall"] == b["recall"] and a["spearman"] == b["spearman"], family
+
+
+HINTS = quality.DATA_ROOT / "attention-hints-2026-11-29-h200"
+
+
+def test_attention_grids_of_both_programs_score_what_tuning_measures():
+    """``benchmarks/attention_ws.py``'s grids (``"variants": true``: the plain top-8 and every ws config, measured on
+    an H200 after the d64 changes of 2026-11-29) score the candidates tuning measures, in the model's order: the ws
+    configs come first, and the best 8 hold each shape's best to 0.97 (the issue's target; measured: 0.995 or
+    better, on four shapes of the calibration sets and four nobody measured before). Scored as plain grids, the
+    hints are the T.Pipelined top-8 alone, 4-22% slower here."""
+    grids = quality.load_grids(HINTS)
+    assert len(grids) == 8 and all(g.summary["variants"] for g in grids)
+    for g in grids:
+        s = quality.score_grid(g)
+        hints = quality.FAMILIES["attention"].hints(quality.FAMILIES["attention"].model(g.summary, "H200"),
+                                                    g.summary, "H200", 8)
+        assert hints[0]["variant"] == "ws" and len(hints) == 8 + 3
+        assert s["recall"][quality.TILECARVE_HINTS][7] >= 0.97, g.label
+        plain = quality.score_grid(quality.Grid(g.path, {**g.summary, "variants": False}, g.rows))
+        assert plain["recall"][quality.TILECARVE_HINTS][7] < 0.97 * s["recall"][quality.TILECARVE_HINTS][7], g.label

@@ -101,9 +101,15 @@ def _attention_model(s: Mapping[str, Any], arch: Any) -> Any:
 
 
 def _attention_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dict[str, Any]]:
+    """The ranked top-k; for a grid of both programs (``"variants": true``, ``benchmarks/attention_ws.py``), what
+    tuning measures instead (the top-k and the ws configs it adds) in the model's order of predicted latency, so
+    that hints@8 is the best of the 8 the model expects fastest among them."""
     from templates.attention.space import candidates
 
-    return [c.to_dict() for c in candidates(_attention_problem(s), arch, k, variants=False)]
+    got = candidates(_attention_problem(s), arch, k, variants=bool(s.get("variants")))
+    if s.get("variants"):
+        got = sorted(got, key=lambda c: model.predict(c.kernel_kwargs()).latency_ms)
+    return [c.to_dict() for c in got]
 
 
 def _attention_keys() -> tuple[str, ...]:
