@@ -21,8 +21,8 @@ Writes ``<out>/ws.json`` after every shape (rows, the model's prediction of each
 at the end, and per shape a grid file ``<out>/grid/<shape>.json`` in ``measure_gemm_grid.py``'s format, marked
 ``"variants": true``: every config step 2 measured (the plain top-8 and the whole ws space) and every config the
 check found wrong. ``benchmarks/hint_quality.py --data <out>/grid`` then scores the candidates tuning measures
-(``candidates(..., variants=True)``: both programs) against them. ``--grids-from <ws.json>`` writes the grid files of
-an earlier run into ``--out`` (no GPU).
+(``candidates(..., 8, variants=True)``: both programs) against them. ``--grids-from <ws.json>`` writes the grid files
+of an earlier run into ``<out>/grid`` (no GPU).
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ def check_in_child(args: argparse.Namespace, shape: tuple) -> list[dict[str, Any
     return data["rows"]
 
 
+#: The plain program's top-k the sweep measures beside every ws config, as tuning's default ``topk`` does.
+TOPK = 8
 #: Seconds one config's check may take before it counts as hung (they take 2-5 s on an H200 after the compiles).
 STALL_S = 30.0
 
@@ -124,12 +126,12 @@ def ratio(ms: dict[str, float], a: str, c: str) -> float | None:
 def grid(row: dict[str, Any], device: str) -> dict[str, Any]:
     """One shape's ``ws.json`` row as a grid file (``tilecarve.quality``'s format): every config measured in step 2,
     and the ws configs the check found wrong (``correct`` False: the grid scores only correct, timed rows). The
-    grid is no exhaustive T.Pipelined grid: it holds the plain program's top-8 and every ws config, so it judges
-    the candidates tuning measures (``"variants": true``), which add the ws configs to the plain top-k."""
+    grid is no exhaustive T.Pipelined grid: it holds the plain program's top ``TOPK`` and every ws config, so it
+    judges the candidates tuning measures at that ``topk`` (``"variants": true``), which add the ws configs to it."""
     b, h, hkv, s, d, causal = row["problem"]
     wrong = [r for r in row["check"] if r.get("correct") is False]
     results = row["measured"] + wrong
-    return {"summary": {"family": "attention", "variants": True, "device": device, "shape": row["shape"],
+    return {"summary": {"family": "attention", "variants": True, "topk": TOPK, "device": device, "shape": row["shape"],
                         "problem": {"batch": b, "heads": h, "kv_heads": hkv, "seq_len": s, "dim": d,
                                     "causal": bool(causal), "dtype": row["dtype"]},
                         "source": "benchmarks/attention_ws.py", "n_configs": len(results)},
@@ -160,7 +162,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         problem = b.problem(shape)
         checked = check_in_child(args, shape)
         good = [ATTENTION.config_type.from_dict(r["config"]) for r in checked if r.get("correct")]
-        plain = ATTENTION.candidates(problem, b.arch, 8, variants=False)
+        plain = ATTENTION.candidates(problem, b.arch, TOPK, variants=False)
         qkv = b.inputs(shape)
         ref = ATTENTION.reference(problem)(*qkv)
         kernels: dict[str, Any] = {}
@@ -223,14 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile threads")
     p.add_argument("--rep", type=int, default=50)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--grids-from", metavar="WS_JSON", help="write the grid files of this earlier ws.json into --out")
+    p.add_argument("--grids-from", metavar="WS_JSON", help="write the grid files of this earlier ws.json into "
+                   "<out>/grid")
     p.add_argument("--child", type=parse_shape, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         return child(args)
     if args.grids_from:
         data = json.loads(Path(args.grids_from).read_text())
-        for path in write_grids(data["rows"], data["device"], Path(args.out)):
+        for path in write_grids(data["rows"], data["device"], Path(args.out) / "grid"):
             print(f"wrote {path}")
         return 0
     t0 = time.time()

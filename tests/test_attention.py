@@ -277,6 +277,7 @@ GPU_SHAPES = [
     dict(batch=1, heads=32, seq_len=1025, dim=128, kv_heads=8, causal=True),
     dict(batch=2, heads=4, seq_len=513, dim=64, causal=False, dtype="bfloat16"),
     dict(batch=1, heads=2, seq_len=40, dim=64, causal=True),  # shorter than every block
+    dict(batch=1, heads=4, seq_len=1024, dim=128, kv_heads=2),  # no mask at all: only clear_accum starts the scores
 ]
 
 
@@ -325,13 +326,14 @@ def attention_by_definition(Q, K, V, causal):
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", HOSTILE_SHAPES, ids=lambda s: AttentionProblem(**s).describe().replace(" ", "-"))
 def test_nan_and_inf_in_the_inputs_reach_exactly_the_outputs_that_see_them(shape):
-    """A NaN or inf in Q, K or V makes NaN the outputs whose rows see it, in both programs, and no other output: a
-    causal query row that does not see a key (the key's block's earlier rows; in a preallocated cache, the future
-    keys hold whatever memory holds) stays finite, as attention is defined (:func:`attention_by_definition`). The
-    plain program once added its mask onto the product (-inf + NaN = NaN) and made those rows NaN; it now replaces
-    the score, as the ws program does. (A NaN in V at a key a causal row does not see is left out: the kernels' and
-    any dense ``P V`` make 0 x NaN = NaN, for the rows of that key's block.) Without NaN and inf, the definition is
-    the fp32 reference tuning checks against."""
+    """A NaN in Q, K or V, or an inf in Q or K, makes NaN the outputs whose rows see it, in both programs, and no
+    other output: a causal query row that does not see a key (the key's block's earlier rows; in a preallocated
+    cache, the future keys hold whatever memory holds) stays finite, as attention is defined
+    (:func:`attention_by_definition`). The plain program once added its mask onto the product (-inf + NaN = NaN) and
+    made those rows NaN; it now replaces the score, as the ws program does. (A NaN in V at a key a causal row does not
+    see is left out: 0 x NaN = NaN in every ``P V`` that multiplies the key's block, the kernels' for the CTAs that
+    visit it, the reference's dense one for every row.) Without NaN and inf, the definition is the fp32 reference
+    tuning checks against."""
     import torch
 
     p = AttentionProblem(**shape)
@@ -358,8 +360,9 @@ def test_nan_and_inf_in_the_inputs_reach_exactly_the_outputs_that_see_them(shape
                     AttentionConfig(block_M=128, block_N=64, threads=256, persistent=3, **ws),
                     AttentionConfig(block_M=192, block_N=64 if p.dim == 128 else 128, threads=384, **ws),
                     AttentionConfig(block_M=192, block_N=64, threads=384, persistent=2, **ws)]
+    configs = [c for c in configs if not ATTENTION.check(p, c, CUDA("cuda"))]  # a GPU with less shared memory
+    assert configs
     for c in configs:
-        assert ATTENTION.check(p, c, CUDA("cuda")) == [], c
         out = ATTENTION.compile(p, c)(Q, K, V).float()
         assert torch.equal(torch.isnan(out), nan), (str(c), int((torch.isnan(out) != nan).sum()))
         ok = ~nan

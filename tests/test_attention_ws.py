@@ -527,8 +527,8 @@ def test_the_ws_benchmark_writes_a_grid_of_both_programs(tmp_path):
 
     from tilecarve import quality
 
-    fast, plain = ws(128, 2).to_dict(), {"block_M": 128, "block_N": 128, "num_stages": 2,
-                                                         "threads": 256}
+    fast = ws(128, 2).to_dict()
+    plain = {"block_M": 128, "block_N": 128, "num_stages": 2, "threads": 256}
     bad, cut = ws(64, 2).to_dict(), ws(96, 2, bm=192, threads=384).to_dict()
     row = {"shape": "b1-h8kv2-s512-d64-causal-float16", "problem": [1, 8, 2, 512, 64, 1], "dtype": "float16",
            "check": [{"config": fast, "ms": 0.1, "correct": True}, {"config": bad, "ms": 0.05, "correct": False},
@@ -536,7 +536,7 @@ def test_the_ws_benchmark_writes_a_grid_of_both_programs(tmp_path):
            "measured": [{"config": plain, "ms": 0.2, "correct": True}, {"config": fast, "ms": 0.1, "correct": True}]}
     (path,) = attention_ws.write_grids([row], "NVIDIA H200", tmp_path)
     (g,) = quality.load_grids(path)
-    assert g.family == "attention" and g.summary["variants"] is True
+    assert g.family == "attention" and g.summary["variants"] is True and g.summary["topk"] == attention_ws.TOPK
     assert g.summary["problem"] == {"batch": 1, "heads": 8, "kv_heads": 2, "seq_len": 512, "dim": 64,
                                     "causal": True, "dtype": "float16"}
     assert [r["config"] for r in g.rows] == [plain, fast]  # the wrong one is not scored, the cut one not there

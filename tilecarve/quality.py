@@ -6,7 +6,8 @@ A *grid file* is what ``benchmarks/measure_gemm_grid.py``, ``measure_hints.py`` 
 
 * **recall@k** for k = 1..16: the grid's best measured latency divided by the best measured latency
   among the first k configs of a ranked list (1.0 = the best config is in the top k). Three lists:
-  ``tilecarve hints`` (the carver's top 16 now; hints the file has no measurement for are skipped and
+  ``tilecarve hints`` (the carver's top 16 now, or for attention grids of both programs what tuning measures:
+  ``_attention_hints``; hints the file has no measurement for are skipped and
   counted), ``tilecarve rank`` (the model's order of the measured configs: every entry is measured,
   so it judges the model alone) and ``TileLang hints`` (TileLang 0.1.15's own carver: recorded in
   measure_gemm_grid.py's files, compiled and timed in the same run as the grid; or computed offline by
@@ -48,7 +49,8 @@ TILECARVE_HINTS, TILECARVE_RANK, TILELANG_HINTS = "tilecarve hints", "tilecarve 
 class Family:
     """How to score one kernel family's grids. ``model(summary, arch)`` builds the carver's model of
     the file's problem (it needs ``.rank(configs)`` -> ``Ranking``); ``hints(model, summary, arch, k)``
-    gives the carver's top k configs as the tuner measures them (None: the model's rank of the grid);
+    gives the carver's top k configs as the tuner measures them (a grid may fix its own k: attention's of both
+    programs; None: the model's rank of the grid);
     ``defaults``: config keys a file may omit at their default value; ``keys()``: the config keys the
     family has now (None: any), so rows of a knob since removed are skipped and counted, not scored;
     ``config()``: the family's config class, whose ``from_dict(c).to_dict()`` spells every config one way
@@ -101,15 +103,16 @@ def _attention_model(s: Mapping[str, Any], arch: Any) -> Any:
 
 
 def _attention_hints(model: Any, s: Mapping[str, Any], arch: Any, k: int) -> list[dict[str, Any]]:
-    """The ranked top-k; for a grid of both programs (``"variants": true``, ``benchmarks/attention_ws.py``), what
-    tuning measures instead (the top-k and the ws configs it adds) in the model's order of predicted latency, so
-    that hints@8 is the best of the 8 the model expects fastest among them."""
+    """The ranked top-k. For a grid of both programs (``"variants": true``, ``benchmarks/attention_ws.py``), what
+    tuning measures at the grid's ``topk`` instead (that plain top-k and the ws configs it adds: the grid measured
+    them all), in the model's order of predicted latency, so that hints@8 is the best of the 8 of them the model
+    expects fastest; ``k`` does not widen it."""
     from templates.attention.space import candidates
 
-    got = candidates(_attention_problem(s), arch, k, variants=bool(s.get("variants")))
-    if s.get("variants"):
-        got = sorted(got, key=lambda c: model.predict(c.kernel_kwargs()).latency_ms)
-    return [c.to_dict() for c in got]
+    if not s.get("variants"):
+        return [c.to_dict() for c in candidates(_attention_problem(s), arch, k, variants=False)]
+    got = candidates(_attention_problem(s), arch, int(s["topk"]), variants=True)
+    return [c.to_dict() for c in sorted(got, key=lambda c: model.predict(c.kernel_kwargs()).latency_ms)]
 
 
 def _attention_keys() -> tuple[str, ...]:

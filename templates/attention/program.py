@@ -14,7 +14,9 @@ Sequence lengths that are not multiples of the blocks:
   score after ``Q K^T`` (as in ``ws_program.py``). It used to start the score tile at 0 or -inf and accumulate
   the product onto it, so a NaN or inf in a masked key's K row (a causal query's future keys: in a
   preallocated cache, whatever memory holds) gave -inf + NaN = NaN, and the query rows of that key's block,
-  which must not see it, came out NaN where the reference is finite. K/V rows past seq_len are loaded as zeros (TileLang
+  which must not see it, came out NaN where attention by definition is finite (torch's SDPA math path, the
+  family's fp32 reference, adds its boolean mask and is NaN there too: ``reference.py``). K/V rows past seq_len
+  are loaded as zeros (TileLang
   guards the copy: TMA fills out-of-range rows with zeros, cp.async copies are predicated with zero
   fill), so ``P V`` multiplies exact zeros, never garbage;
 * query rows past seq_len are computed on zero-filled Q and never stored (the output copy is guarded);

@@ -24,7 +24,9 @@ CHUNK_BYTES = 64 * 2**20
 
 def ref_program(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """``softmax(Q K^T / sqrt(D) [causal]) V`` for BSHD tensors (GQA when K/V have fewer heads), computed
-    in fp32 by ``F.scaled_dot_product_attention``'s math path and returned in Q's dtype (BSHD)."""
+    in fp32 by ``F.scaled_dot_product_attention``'s math path and returned in Q's dtype (BSHD). That path adds the
+    causal mask as -inf, so a NaN or inf in a key a row does not see makes the row NaN; the kernels replace those
+    scores (docs/attention.md, "NaN and inf in the inputs"). On inputs without them the two agree."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel

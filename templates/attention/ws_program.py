@@ -61,7 +61,8 @@ does (C7513 / C7514).
 
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
 -inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
-diagonal ones when causal), after ``Q K^T`` (``clear_accum``), where ``program.py`` adds the mask before. A
+diagonal ones when causal), after ``Q K^T`` (``clear_accum``), replacing the scores (``program.py`` masks every
+step). A
 step fully masked for a row (with ``block_N=64``, warpgroup 0's rows see none of the CTA's last step) leaves
 its running max unchanged, which step 0 made finite. TMA zero-fills K, V and Q rows past seq_len and the O
 store clips them.
