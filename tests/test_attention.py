@@ -224,6 +224,21 @@ def test_template_protocol_and_no_gpu_path():
             attention.tune(1, 4, 1000, 64, topk=2)
 
 
+@pytest.mark.parametrize("causal, seq_len, masked", [(True, 300, True), (False, 300, True), (False, 256, False)])
+def test_the_plain_programs_mask_replaces_the_score_after_the_product(causal, seq_len, masked):
+    """The mask keeps ``Q K^T``'s score or puts -inf in its place, after a product that starts from zero
+    (``clear_accum``). It once seeded the tile with 0 or -inf for the product to accumulate onto, and -inf + NaN is
+    NaN: a NaN in a key a causal row does not see made the row NaN (the GPU test below). Without a tail or the
+    causal mask nothing is masked."""
+    p = AttentionProblem(1, 4, seq_len, 64, kv_heads=2, causal=causal)
+    script = ATTENTION.program(p, cfg(128, 128, 2, 256)).script()
+    qk = next(line for line in script.splitlines() if "T.gemm(" in line and "Q_shared" in line)
+    assert re.search(r"T\.bool\(True\), 0, 0, 0\)$", qk.strip()), qk  # clear_accum
+    masks = [line.strip() for line in script.splitlines() if "acc_s[i, j] = T.if_then_else(" in line]
+    assert len(masks) == masked
+    assert all(", acc_s[i, j], T.infinity(" in m for m in masks), masks  # keep the score or put -inf
+
+
 # -------------------------------------------------------------------------------- nvcc: sm_90a, sm_80
 def assert_fast_softmax(src: str) -> None:
     """The softmax's exponentials are the one-instruction ``ex2.approx.ftz`` (CUDA's ``exp2f`` adds a
