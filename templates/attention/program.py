@@ -36,7 +36,15 @@ from .ws_program import ws_program
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
-__all__ = ["kernel", "key_steps", "program"]
+__all__ = ["kernel", "key_steps", "key_visible", "program"]
+
+
+def key_visible(S: int, block_M: int, block_N: int, bx: Any, k: Any, i: Any, j: Any, causal: bool) -> Any:
+    """Whether query row ``i`` of CTA ``bx`` sees key ``j`` of key step ``k``: no key at or past ``S``, and (causal)
+    none after the query. Both programs' masks keep the score where it holds and put -inf in its place elsewhere
+    (never add to it: -inf + NaN is NaN)."""
+    seen = k * block_N + j < S
+    return (bx * block_M + i >= k * block_N + j) & seen if causal else seen
 
 
 def key_steps(S: int, block_M: int, block_N: int, bx: Any, causal: bool) -> Any:
@@ -93,13 +101,10 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
                 T.copy(K[bz, k * block_N:(k + 1) * block_N, by // groups, :], K_shared)
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True, clear_accum=True,
                        policy=T.GemmWarpPolicy.FullRow)
-                if causal:  # the mask replaces the score: a masked key's NaN or inf never reaches the row
+                if causal or S % block_N:  # the mask replaces the score: a masked key's NaN or inf never reaches it
                     for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else((bx * block_M + i >= k * block_N + j) & (k * block_N + j < S),
+                        acc_s[i, j] = T.if_then_else(key_visible(S, block_M, block_N, bx, k, i, j, causal),
                                                      acc_s[i, j], -T.infinity(accum))
-                elif S % block_N:
-                    for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else(k * block_N + j < S, acc_s[i, j], -T.infinity(accum))
 
                 T.copy(scores_max, scores_max_prev)
                 T.fill(scores_max, -T.infinity(accum))

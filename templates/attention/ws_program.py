@@ -59,13 +59,12 @@ the other warpgroups with it, 2-5% at 1k (H200). The CTA's last tile ends after 
 peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one
 does (C7513 / C7514).
 
-Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get
--inf; the mask is applied only on the steps that need it (the last one when no block divides seq_len, the
-diagonal ones when causal), after ``Q K^T`` (``clear_accum``), replacing the scores (``program.py`` masks every
-step). A
-step fully masked for a row (with ``block_N=64``, warpgroup 0's rows see none of the CTA's last step) leaves
-its running max unchanged, which step 0 made finite. TMA zero-fills K, V and Q rows past seq_len and the O
-store clips them.
+Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get -inf;
+the mask is applied only on the steps that need it (the last one when no block divides seq_len, the diagonal ones
+when causal), after ``Q K^T`` (``clear_accum``), replacing the scores as ``program.py`` does (``key_visible``; it
+masks every step). A step fully masked for a row (with ``block_N=64``, warpgroup 0's rows see none of the CTA's
+last step) leaves its running max unchanged, which step 0 made finite. TMA zero-fills K, V and Q rows past seq_len
+and the O store clips them.
 
 Registers after a wgmma issue are read only after ``T.wait_wgmma`` and a ``T.warpgroup_fence_operand`` on
 them, so nvcc cannot hoist the softmax above the wait nor sink the write of P above the end of ``P V``.
@@ -97,7 +96,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     """The ``T.prim_func`` of the hand-scheduled loop (checked by the caller, ``program.program``)."""
     import tilelang.language as T
 
-    from .program import key_steps  # program.py imports this module
+    from .program import key_steps, key_visible  # program.py imports this module
     from .space import require
 
     B, H, S, D = problem.batch, problem.heads, problem.seq_len, problem.dim
@@ -132,12 +131,13 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         if causal:
             if (k + 1) * bn > bx * bm + 1:  # the step reaches past the CTA's first query row
                 for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.if_then_else((bx * bm + i >= k * bn + j) & (k * bn + j < S), acc_s[i, j],
+                    acc_s[i, j] = T.if_then_else(key_visible(S, bm, bn, bx, k, i, j, True), acc_s[i, j],
                                                  -T.infinity(accum))
         elif tail:
             if (k + 1) * bn > S:
                 for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.if_then_else(k * bn + j < S, acc_s[i, j], -T.infinity(accum))
+                    acc_s[i, j] = T.if_then_else(key_visible(S, bm, bn, bx, k, i, j, False), acc_s[i, j],
+                                                 -T.infinity(accum))
 
     @T.macro
     def softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum):
