@@ -62,6 +62,8 @@ __all__ = [
     "attention_ws_space",
     "check_attention_config",
     "normalize_attention_config",
+    "tile_positions",
+    "tile_steps",
     "ws_tiles_pipelined",
 ]
 
@@ -155,7 +157,10 @@ ATTENTION_KEYS: tuple[str, ...] = ("block_M", "block_N", "num_stages", "threads"
 #: (``ws_program.py``: TMA producer, two or three consumer warpgroups overlapping the softmax with the GEMMs).
 ATTENTION_VARIANTS: tuple[str, ...] = ("pipelined", "ws")
 #: Keys a config may leave out, with the value that stands for them.
-ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined", "persistent": 0}
+#: ``pack_gqa`` (ws only, GQA): a tile holds the rows of all ``groups`` query heads of one KV head at
+#: ``block_M / groups`` query positions (FlashAttention-3's PackGQA), so K and V are read once for them and a
+#: tile's rows past seq_len or past the causal diagonal are ``groups`` times fewer.
+ATTENTION_OPTIONAL_KEYS: dict[str, Any] = {"variant": "pipelined", "persistent": 0, "pack_gqa": False}
 # key: (lowest, highest, multiple of, fix)
 _INT_KEYS: dict[str, tuple[int, int, int, str]] = {
     "block_M": (16, 256, 16, "use 64 or 128 query rows per CTA"),
@@ -201,6 +206,12 @@ _WS_REG_MARGIN: dict[int, int] = {2: 48, 3: 32}
 #: keys at d64), 72 bytes at 112 (64 keys at d128) and 52 at 128 (128 keys at d64). Those configs keep the
 #: per-tile schedule.
 _WS_PIPELINE_REGS: dict[int, int] = {2: 16, 3: 24}
+#: ``pack_gqa`` adds each row's query position (``i % (block_M / groups)``) to that. With two consumer warpgroups
+#: ptxas fits it with no spill up to 164 fragment registers (176 keys at d64) and at 160 (128 keys at d128); with
+#: three, none at 80 (64 keys at d64), and at 104 (96 keys at d64) it spills 32 bytes and serializes the wgmmas.
+#: That config keeps the tiles pipelined all the same: so it measured 1.075 and 1.207 of cuDNN at 8 x 1k and 4 x 1k
+#: causal (GQA 32/8, H200, 2026-12-02), the per-tile schedule 0.982 and 1.016 (0.1107 against 0.1023 ms at 8 x 1k,
+#: cuDNN 0.109 and 0.110 in the two runs; benchmarks/data/attention-packgqa-2026-12-02-h200, race1 and pertile).
 
 
 def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,7 +237,16 @@ def normalize_attention_config(config: Mapping[str, Any]) -> dict[str, Any]:
     persistent = config.get("persistent", ATTENTION_OPTIONAL_KEYS["persistent"])
     out["persistent"] = int_in_range(persistent, "persistent", 0, 1 << 16,
                                      fix="0: one CTA per tile; n: n resident CTAs (the SM count) that walk the tiles")
+    out["pack_gqa"] = flag(config.get("pack_gqa", ATTENTION_OPTIONAL_KEYS["pack_gqa"]), "pack_gqa")
     return out
+
+
+def tile_positions(problem: AttentionProblem, config: Mapping[str, Any]) -> tuple[int, int]:
+    """(query positions a tile covers, head indices the tiles walk): ``block_M`` positions of each query head, or
+    with ``pack_gqa`` ``block_M / groups`` positions of each KV head's ``groups`` query heads."""
+    if config.get("pack_gqa"):
+        return config["block_M"] // problem.groups, problem.kv_heads
+    return config["block_M"], problem.heads
 
 
 def _uses_wgmma(c: Mapping[str, Any], arch: GPUArch) -> bool:
@@ -306,6 +326,20 @@ def _ws_problems(c: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _pack_problems(problem: AttentionProblem, c: Mapping[str, Any]) -> list[str]:
+    """What ``pack_gqa`` needs of the problem and the tile: query heads to pack, and each head's rows a whole
+    number of 8-row groups (the 128-byte swizzle's repeat, where each head's TMA box lands in the tile)."""
+    g, bm = problem.groups, c["block_M"]
+    if g == 1:
+        return [f"pack_gqa=True packs the query heads that share a KV head, but this problem has one query head per "
+                f"KV head (heads={problem.heads}, kv_heads={problem.kv_heads}); use pack_gqa=False"]
+    if bm % (8 * g):
+        return [f"pack_gqa=True gives each of the {g} query heads of a KV head block_M / {g} rows of the tile, in "
+                f"whole groups of 8 (where each head's TMA box lands), so block_M must be a multiple of {8 * g}, got "
+                f"block_M={bm}; use pack_gqa=False"]
+    return []
+
+
 def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
                            arch: GPUArch | None = None) -> list[str]:
     """Why ``config`` cannot run ([] when legal). With ``arch=None`` the rules no GPU escapes; with an
@@ -324,7 +358,12 @@ def check_attention_config(problem: AttentionProblem, config: Mapping[str, Any],
                    f"threads={32 * fit} or block_M={16 * warps}")
     if c["variant"] == "ws":
         out += _ws_problems(c)
-    elif c["persistent"]:
+        if c["pack_gqa"]:
+            out += _pack_problems(problem, c)
+    elif c["pack_gqa"]:
+        out.append(f"pack_gqa=True is a form of the hand-scheduled loop, got variant={c['variant']!r}; use "
+                   f"variant='ws' or pack_gqa=False")
+    if c["persistent"] and c["variant"] != "ws":
         out.append(f"persistent={c['persistent']} is a form of the hand-scheduled loop, got variant="
                    f"{c['variant']!r}; use variant='ws' or persistent=0")
     if arch is None:
@@ -482,6 +521,16 @@ class AttentionHint:
         return " ".join(f"{k}={v}" for k, v in self.items) + pred
 
 
+def tile_steps(problem: AttentionProblem, config: Mapping[str, Any]) -> int:
+    """Key steps (``block_M x block_N`` each) the kernel's tiles take in all: every key block for every tile, or
+    (causal) each tile's up to its last query's diagonal (what the model's rounds count)."""
+    c = normalize_attention_config(config)
+    positions, heads = tile_positions(problem, c)
+    nq, nk = -(-problem.seq_len // positions), -(-problem.seq_len // c["block_N"])
+    per_head = _causal_steps(nq, nk, positions, c["block_N"])[0] if problem.causal else nq * nk
+    return problem.batch * heads * per_head
+
+
 def _causal_steps(nq: int, nk: int, bm: int, bn: int) -> tuple[int, int]:
     """Sum over query blocks of the key blocks a causal CTA visits, min(nk, ceil((bx+1) bm / bn)), and the
     largest; exact up to 2**16 query blocks, the integral beyond (where the error is below 1e-4)."""
@@ -574,8 +623,9 @@ class AttentionTemplate:
         step = (compute ** a.p + pipe ** a.p + ingest ** a.p) ** (1.0 / a.p)
 
         # CTAs over the SMs: exact waves without the mask; causal work spread over the slots plus a tail.
-        nq, nk = -(-p.seq_len // bm), -(-p.seq_len // bn)
-        ctas = p.batch * p.heads * nq  # tiles: one CTA each, or walked by `persistent` resident CTAs
+        positions, heads = tile_positions(p, c)  # pack_gqa: a tile's rows are groups heads' positions
+        nq, nk = -(-p.seq_len // positions), -(-p.seq_len // bn)
+        ctas = p.batch * heads * nq  # tiles: one CTA each, or walked by `persistent` resident CTAs
         slots = arch.sm_count * occ
         cta_fixed = a.cta_overhead_us + k.load_latency_us + 2 * bm * D * b / k.sm_bandwidth
         workers = min(c["persistent"], ctas) or ctas
@@ -583,8 +633,8 @@ class AttentionTemplate:
         # while the consumers finish this one, so only the first tile pays cta_fixed whole
         per_worker = -(-ctas // workers)
         if p.causal:
-            per_head, longest = _causal_steps(nq, nk, bm, bn)
-            total_steps = p.batch * p.heads * per_head
+            per_head, longest = _causal_steps(nq, nk, positions, bn)
+            total_steps = p.batch * heads * per_head
             if c["persistent"]:  # each wave of resident CTAs walks its share; a second wave starts after the first
                 walk = max(total_steps / workers + a.tail_fraction * longest, longest) if ctas > workers else longest
                 rounds = math.ceil(workers / slots) * walk

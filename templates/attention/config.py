@@ -45,6 +45,7 @@ class AttentionConfig(TemplateConfig):
     threads: int
     variant: str = ATTENTION_OPTIONAL_KEYS["variant"]  # "pipelined" (program.py) or "ws" (ws_program.py)
     persistent: int = ATTENTION_OPTIONAL_KEYS["persistent"]  # ws: n resident CTAs walking the tiles; 0: one per tile
+    pack_gqa: bool = ATTENTION_OPTIONAL_KEYS["pack_gqa"]  # ws, GQA: a tile holds a KV head's query heads' rows
 
     @classmethod
     def normalize(cls, values: Any) -> dict[str, Any]:

@@ -39,20 +39,22 @@ if TYPE_CHECKING:
 __all__ = ["kernel", "key_steps", "key_visible", "program"]
 
 
-def key_visible(S: int, block_M: int, block_N: int, bx: Any, k: Any, i: Any, j: Any, causal: bool) -> Any:
-    """Whether query row ``i`` of CTA ``bx`` sees key ``j`` of key step ``k``: no key at or past ``S``, and (causal)
+def key_visible(S: int, block_N: int, q: Any, k: Any, j: Any, causal: bool) -> Any:
+    """Whether the query at position ``q`` sees key ``j`` of key step ``k``: no key at or past ``S``, and (causal)
     none after the query. Both programs' masks keep the score where it holds and put -inf in its place elsewhere
     (never add to it: -inf + NaN is NaN)."""
     seen = k * block_N + j < S
-    return (bx * block_M + i >= k * block_N + j) & seen if causal else seen
+    return (q >= k * block_N + j) & seen if causal else seen
 
 
-def key_steps(S: int, block_M: int, block_N: int, bx: Any, causal: bool) -> Any:
-    """The key blocks CTA ``bx`` visits: all of them, or (causal) up to the last one its last query row sees."""
+def key_steps(S: int, positions: int, block_N: int, bx: Any, causal: bool) -> Any:
+    """The key blocks CTA ``bx`` visits: all of them, or (causal) up to the last one its last query sees, the
+    CTA covering query positions ``bx * positions`` to ``(bx + 1) * positions - 1`` (``positions`` is
+    ``block_M``, or ``block_M / groups`` where a ws tile packs a KV head's query heads)."""
     import tilelang.language as T
 
     if causal:
-        return T.min(T.ceildiv(S, block_N), T.ceildiv((bx + 1) * block_M, block_N))
+        return T.min(T.ceildiv(S, block_N), T.ceildiv((bx + 1) * positions, block_N))
     return T.ceildiv(S, block_N)
 
 
@@ -103,7 +105,7 @@ def program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc":
                        policy=T.GemmWarpPolicy.FullRow)
                 if causal or S % block_N:  # the mask replaces the score: a masked key's NaN or inf never reaches it
                     for i, j in T.Parallel(block_M, block_N):
-                        acc_s[i, j] = T.if_then_else(key_visible(S, block_M, block_N, bx, k, i, j, causal),
+                        acc_s[i, j] = T.if_then_else(key_visible(S, block_N, bx * block_M + i, k, j, causal),
                                                      acc_s[i, j], -T.infinity(accum))
 
                 T.copy(scores_max, scores_max_prev)

@@ -59,6 +59,13 @@ the other warpgroups with it, 2-5% at 1k (H200). The CTA's last tile ends after 
 peeled so that no wgmma issue hangs on a run-time branch: ptxas serializes every wgmma of a kernel where one
 does (C7513 / C7514).
 
+**Packed GQA** (``pack_gqa``, GQA only): a tile holds the rows of all ``groups`` query heads of one KV head, at
+``rs = block_M / groups`` query positions each (head ``j``'s rows at ``j * rs`` to ``(j + 1) * rs - 1``), and the
+tiles walk (batch, KV head, position block). Q arrives in one TMA box per query head (and per 64 columns at d128,
+where a 128-column tile lies in shared memory as two 64-column halves), all on the tile's full barrier, and O leaves
+the same way, one elected thread issuing every store; the mask and the causal step count take each row's position
+(:func:`position`). Fewer rows lie past seq_len or past the diagonal (docs/attention.md, "Packed GQA").
+
 Semantics as ``program.py`` (its docstring): keys ``>= seq_len`` and, when causal, keys after the query get -inf;
 the mask is applied only on the steps that need it (the last one when no block divides seq_len, the diagonal ones
 when causal), after ``Q K^T`` (``clear_accum``), replacing the scores as ``program.py`` does (``key_visible``; it
@@ -114,8 +121,13 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # per-thread 32-bit registers of the fragments the fences name (a warpgroup's 128 threads share its rows)
     s_regs, p_regs, o_regs = wg_rows * bn // 128, wg_rows * bn // 256, wg_rows * D // 128
     tail = S % bn != 0
-    nq = -(-S // bm)
-    tiles = B * H * nq
+    # pack_gqa: a tile holds the rows of all `groups` query heads of one KV head at `rs` query positions, head j's
+    # rows at j * rs to (j + 1) * rs - 1 (one TMA box each); else one query head's `bm` positions
+    gq = groups if config.pack_gqa else 1
+    rs = bm // gq
+    th = problem.kv_heads if config.pack_gqa else H  # a tile's head index: its KV head (packed) or query head
+    nq = -(-S // rs)
+    tiles = B * th * nq
     # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
     persistent = min(config.persistent, tiles)
     turn0, turn1, turn2 = TURN_BARRIERS
@@ -125,19 +137,65 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # and below 32 keys (a chain of at most 4: nothing to shorten, and row_max's eight chains need 32)
     tree_max = nwg == 3 and bn >= 32
 
+    def position(bx, i):
+        """The query position of row ``i`` of tile ``bx``."""
+        return bx * rs + (i % rs if gq > 1 else i)
+
+    def kv_head(by):
+        """The KV head a tile of head index ``by`` reads."""
+        return by if gq > 1 else by // groups
+
     @T.macro
     def mask(acc_s, bx, k):
         """-inf on keys past seq_len and, when causal, after the query (only on steps that need it)."""
         if causal:
-            if (k + 1) * bn > bx * bm + 1:  # the step reaches past the CTA's first query row
+            if (k + 1) * bn > bx * rs + 1:  # the step reaches past the CTA's first query position
                 for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.if_then_else(key_visible(S, bm, bn, bx, k, i, j, True), acc_s[i, j],
+                    acc_s[i, j] = T.if_then_else(key_visible(S, bn, position(bx, i), k, j, True), acc_s[i, j],
                                                  -T.infinity(accum))
         elif tail:
             if (k + 1) * bn > S:
                 for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.if_then_else(key_visible(S, bm, bn, bx, k, i, j, False), acc_s[i, j],
+                    acc_s[i, j] = T.if_then_else(key_visible(S, bn, position(bx, i), k, j, False), acc_s[i, j],
                                                  -T.infinity(accum))
+
+    def rows(buf, qb, lo, hi, c0=0, c1=D):
+        """Rows ``lo`` to ``hi - 1`` (columns ``c0`` to ``c1 - 1``) of a tile: of ``buf`` itself, or of its buffer
+        ``qb`` (a Python int) where ``buf`` holds two (the tiles-pipelined form's Q buffers)."""
+        return buf[lo:hi, c0:c1] if qb < 0 else buf[qb, lo:hi, c0:c1]
+
+    # pack_gqa's boxes: per query head, and per 64 columns (128 bytes), since a tile of 128 columns lies in shared
+    # memory as two 64-column halves, so a head's rows of all 128 are not one contiguous box (TileLang refuses it)
+    halves = D // 64
+
+    @T.macro
+    def load_q(Q, Q_s, qb, bars, bi, bx, by, bz):
+        """Q's tile by TMA onto barrier ``bars[bi]``: one box, or (packed) one per query head of the KV head and
+        64 columns."""
+        if gq > 1:
+            for j in T.unroll(gq):
+                for c in T.unroll(halves):
+                    T.tma_copy(Q[bz, bx * rs:(bx + 1) * rs, by * gq + j, c * 64:(c + 1) * 64],
+                               rows(Q_s, qb, j * rs, (j + 1) * rs, c * 64, (c + 1) * 64), barrier=bars[bi])
+        else:
+            T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], rows(Q_s, qb, 0, bm), barrier=bars[bi])
+
+    @T.macro
+    def store_tile(O_s, qb, Output, bx, by, bz, wait):
+        """O's staging tile out by TMA (rows past seq_len clipped). ``wait`` (a Python bool): the elected thread
+        waits for the store's read of ``O_s`` here; else later, in :func:`release_stored`."""
+        if gq > 1:
+            for j in T.unroll(gq):  # store and commit only; the wait, where asked, once for all of them
+                for c in T.unroll(halves):
+                    T.tma_copy(rows(O_s, qb, j * rs, (j + 1) * rs, c * 64, (c + 1) * 64),
+                               Output[bz, bx * rs:(bx + 1) * rs, by * gq + j, c * 64:(c + 1) * 64])
+            if wait:
+                if T.shuffle_elect(ct):  # the thread TileLang elects for the stores
+                    T.tma_store_wait(0)
+        elif wait:
+            T.copy(rows(O_s, qb, 0, bm), Output[bz, bx * bm:(bx + 1) * bm, by, :])
+        else:
+            T.tma_copy(rows(O_s, qb, 0, bm), Output[bz, bx * bm:(bx + 1) * bm, by, :])  # store and commit only
 
     @T.macro
     def softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum):
@@ -195,15 +253,15 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         for ring iterations ``base`` to ``base + steps - 1``."""
         if persistent:
             T.mbarrier_wait_parity(q_bar[1], (j & 1) ^ 1)
-        T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s, barrier=q_bar[0])
+        load_q(Q, Q_s, -1, q_bar, 0, bx, by, bz)
         T.mbarrier_arrive(q_bar[0])
         for k in T.serial(steps):
             s, ph = (base + k) % st, ((base + k) // st) & 1
             T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
-            T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
+            T.tma_copy(K[bz, k * bn:(k + 1) * bn, kv_head(by), :], K_s[s, :, :], barrier=k_full[s])
             T.mbarrier_arrive(k_full[s])
             T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
-            T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
+            T.tma_copy(V[bz, k * bn:(k + 1) * bn, kv_head(by), :], V_s[s, :, :], barrier=v_full[s])
             T.mbarrier_arrive(v_full[s])
 
     @T.macro
@@ -278,8 +336,9 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         softmax(acc_s, scores_max, scores_max_prev, scores_scale, scores_sum, logsum)
 
     @T.macro
-    def store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz, wait):
-        """O / row sum (one division per row, not per element), through a staging tile and one TMA store:
+    def store_o(Output, O_s, qb, acc_o, scores_sum, logsum, bx, by, bz, wait):
+        """O / row sum (one division per row, not per element), through a staging tile (``O_s``, or its buffer
+        ``qb`` where it holds two) and TMA stores (one, or one per packed query head):
         measured faster than each warpgroup storing its own rows from registers, which writes 4-byte pieces,
         or from the staging tile (H200, 2026-11-24 and 2026-11-29). ``wait`` (a Python bool): the elected
         thread waits for the store's read of ``O_s`` here; else later, in :func:`release_stored`."""
@@ -287,11 +346,8 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
             scores_sum[i] = 1.0 / logsum[i]
         for i, j2 in T.Parallel(bm, D):
             acc_o[i, j2] *= scores_sum[i]
-        T.copy(acc_o, O_s)
-        if wait:
-            T.copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])
-        else:
-            T.tma_copy(O_s, Output[bz, bx * bm:(bx + 1) * bm, by, :])  # store and commit only
+        T.copy(acc_o, rows(O_s, qb, 0, bm))
+        store_tile(O_s, qb, Output, bx, by, bz, wait)
 
     @T.macro
     def consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev, scores_scale,
@@ -322,7 +378,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc_o, num_regs=o_regs)
         release(v_empty, sl, tx)
-        store_o(Output, O_s, acc_o, scores_sum, logsum, bx, by, bz, True)
+        store_o(Output, O_s, -1, acc_o, scores_sum, logsum, bx, by, bz, True)
 
     def tile_of(w, ids):
         """The tile (bx, head, batch) that the CTA with block indices ``ids`` takes in round ``w``, and whether
@@ -337,10 +393,10 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         cta = ids
         t = w * persistent + T.if_then_else(w % 2 == 0, cta, persistent - 1 - cta)
         if causal:  # query block major, descending: rounds of equal work
-            bx, bh = nq - 1 - t // (B * H), t % (B * H)
+            bx, bh = nq - 1 - t // (B * th), t % (B * th)
         else:
             bx, bh = t % nq, t // nq
-        return bx, bh % H, bh // H, t < tiles
+        return bx, bh % th, bh // th, t < tiles
 
     def ring(base):
         """Ring iterations of the CTA's tiles before this one: 0 in the one-tile form, a constant the index
@@ -348,7 +404,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         return base if persistent else 0
 
     rounds = -(-tiles // persistent) if persistent else 1
-    grid = (persistent,) if persistent else (nq, H, B)
+    grid = (persistent,) if persistent else (nq, th, B)
 
     # --------------------------------------------------------- persistent, tiles pipelined (module docstring)
     @T.macro
@@ -358,17 +414,17 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         once the consumers have stored O from it, then K and V."""
         bx, by, bz, live = tile_of(w, ids)
         if live:
-            steps = key_steps(S, bm, bn, bx, causal)
+            steps = key_steps(S, rs, bn, bx, causal)
             T.mbarrier_wait_parity(q_empty[qb], ((w // 2) & 1) ^ 1)
-            T.tma_copy(Q[bz, bx * bm:(bx + 1) * bm, by, :], Q_s[qb, :, :], barrier=q_full[qb])
+            load_q(Q, Q_s, qb, q_full, qb, bx, by, bz)
             T.mbarrier_arrive(q_full[qb])
             for k in T.serial(steps):
                 s, ph = (ring_p[0] + k) % st, ((ring_p[0] + k) // st) & 1
                 T.mbarrier_wait_parity(k_empty[s], ph ^ 1)
-                T.tma_copy(K[bz, k * bn:(k + 1) * bn, by // groups, :], K_s[s, :, :], barrier=k_full[s])
+                T.tma_copy(K[bz, k * bn:(k + 1) * bn, kv_head(by), :], K_s[s, :, :], barrier=k_full[s])
                 T.mbarrier_arrive(k_full[s])
                 T.mbarrier_wait_parity(v_empty[s], ph ^ 1)
-                T.tma_copy(V[bz, k * bn:(k + 1) * bn, by // groups, :], V_s[s, :, :], barrier=v_full[s])
+                T.tma_copy(V[bz, k * bn:(k + 1) * bn, kv_head(by), :], V_s[s, :, :], barrier=v_full[s])
                 T.mbarrier_arrive(v_full[s])
             ring_p[0] = ring_p[0] + steps
 
@@ -383,7 +439,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         serializes every wgmma of a kernel where it does (C7513/C7514)."""
         bx, by, bz, live = tile_of(w, ids)
         if live:
-            steps = key_steps(S, bm, bn, bx, causal)
+            steps = key_steps(S, rs, bn, bx, causal)
             more = tile_of(w + 1, ids)[3]
             base = ring_p[0]
             T.mbarrier_wait_parity(q_full[qb], (w // 2) & 1)
@@ -416,7 +472,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                 release(v_empty, sl, tx)
                 px, py, pz, _ = tile_of(w - 1, ids)
                 # the store's read is waited for after this tile's next turn (key_steps_1on)
-                store_o(Output, Q_s[1 - qb, :, :], acc_o, scores_sum, l_prev, px, py, pz, False)
+                store_o(Output, Q_s, 1 - qb, acc_o, scores_sum, l_prev, px, py, pz, False)
                 T.fence_proxy_async()
                 T.fill(acc_o, 0)
             T.copy(acc_s, acc_p)
@@ -440,9 +496,9 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
         release(v_empty, sl, tx)
         lx, ly, lz, _ = tile_of(last[0], ids)
         if last[0] % 2 == 0:
-            store_o(Output, Q_s[0, :, :], acc_o, scores_sum, logsum, lx, ly, lz, True)
+            store_o(Output, Q_s, 0, acc_o, scores_sum, logsum, lx, ly, lz, True)
         else:
-            store_o(Output, Q_s[1, :, :], acc_o, scores_sum, logsum, lx, ly, lz, True)
+            store_o(Output, Q_s, 1, acc_o, scores_sum, logsum, lx, ly, lz, True)
 
     def main_pipelined(Q: T.Tensor(q_shape, dtype), K: T.Tensor(kv_shape, dtype), V: T.Tensor(kv_shape, dtype),
                        Output: T.Tensor(q_shape, dtype)):
@@ -534,7 +590,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                     for w in T.serial(rounds):
                         bx, by, bz, live = tile_of(w, ids)
                         if live:
-                            steps = key_steps(S, bm, bn, bx, causal)
+                            steps = key_steps(S, rs, bn, bx, causal)
                             produce(Q, K, V, Q_s, K_s, V_s, q_bar, k_full, v_full, k_empty, v_empty,
                                     bx, by, bz, steps, ring(base), w)
                             if persistent:
@@ -547,7 +603,7 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
                 for w in T.serial(rounds):
                     bx, by, bz, live = tile_of(w, ids)
                     if live:
-                        steps = key_steps(S, bm, bn, bx, causal)
+                        steps = key_steps(S, rs, bn, bx, causal)
                         consume(Output, Q_s, K_s, V_s, O_s, acc_s, acc_p, acc_o, scores_max, scores_max_prev,
                                 scores_scale, scores_sum, logsum, q_bar, k_full, v_full, k_empty, v_empty,
                                 bx, by, bz, steps, ring(base), w, persistent and tile_of(w + 1, ids)[3], wg, tx)
