@@ -334,9 +334,10 @@ def _pack_problems(problem: AttentionProblem, c: Mapping[str, Any]) -> list[str]
         return [f"pack_gqa=True packs the query heads that share a KV head, but this problem has one query head per "
                 f"KV head (heads={problem.heads}, kv_heads={problem.kv_heads}); use pack_gqa=False"]
     if bm % (8 * g):
+        fits = [f"block_M={m} with threads={2 * m}" for m in (128, 192) if m != bm and m % (8 * g) == 0]
         return [f"pack_gqa=True gives each of the {g} query heads of a KV head block_M / {g} rows of the tile, in "
                 f"whole groups of 8 (where each head's TMA box lands), so block_M must be a multiple of {8 * g}, got "
-                f"block_M={bm}; use pack_gqa=False"]
+                f"block_M={bm}; use {' or '.join(fits + ['pack_gqa=False'])}"]
     return []
 
 

@@ -77,14 +77,12 @@ def test_ws_space_and_candidates(shape):
     packed = [c for c in grid if c.pack_gqa]  # pack_gqa twins (GQA), where they save key steps: after the rest
     grid = grid[:len(grid) - len(packed)]
     assert packed == [dataclasses.replace(c, pack_gqa=True) for c in grid if saves_work(p, c)]
-    # without the mask and with block_M dividing seq_len (4096) only the three-warpgroup tiles (192) save steps;
-    # causal with a tail (1001) every tile but 128 x 128, whose steps are the same packed or not (1 + 2 + ... + 8
-    # per query head; 128 x 64 takes 2 + 4 + ... + 16 unpacked and 1 + 1 + 2 + 2 + ... + 16 + 16 packed)
+    # without the mask at 4096 tokens none: 192 rows waste 2.3% of their steps (22 tiles of a head, 85 1/3 of 48
+    # positions a KV head), under PACK_MIN_SAVING; causal at 1001 every tile but 128 x 128, whose steps are the same
+    # packed or not (1 + 2 + ... + 8 a query head; 128 x 64, the least saved: 2 + 4 + ... + 16 against
+    # 1 + 1 + 2 + 2 + ... + 16 + 16, 5.6%)
     tiles_packed, tiles_all = {(c.block_M, c.block_N) for c in packed}, {(c.block_M, c.block_N) for c in grid}
-    if p.causal:
-        assert tiles_packed == tiles_all - {(128, 128)}
-    else:
-        assert {bm for bm, _ in tiles_packed} == {192} and tiles_packed == {t for t in tiles_all if t[0] == 192}
+    assert tiles_packed == (tiles_all - {(128, 128)} if p.causal else set())
     two = [c for c in grid if c.threads == 256]
     three = [c for c in grid if c.threads == 384]
     assert {c.variant for c in grid} == {"ws"} and len(two) + len(three) == len(grid)
@@ -150,6 +148,13 @@ def test_pack_gqa_is_a_ws_form_for_gqa_and_its_rules_name_the_fix():
     assert ATTENTION.check(g16, c) == []
     (why,) = ATTENTION.check(g16, dataclasses.replace(ws(64, 2, bm=192, threads=384), pack_gqa=True))
     assert "block_M must be a multiple of 128, got block_M=192" in why and "16 query heads" in why
+    assert why.endswith("use block_M=128 with threads=256 or pack_gqa=False")
+    # 3 query heads a KV head: 192 rows (64 positions each), not 128
+    g3 = AttentionProblem(batch=1, heads=24, seq_len=512, dim=64, kv_heads=8)
+    assert ATTENTION.check(g3, dataclasses.replace(ws(64, 2, bm=192, threads=384), pack_gqa=True)) == []
+    (why,) = ATTENTION.check(g3, c)
+    assert "multiple of 24, got block_M=128" in why
+    assert why.endswith("use block_M=192 with threads=384 or pack_gqa=False")
     plain = AttentionConfig(block_M=128, block_N=128, num_stages=2, threads=256, pack_gqa=True)
     (why,) = ATTENTION.check(gqa, plain)
     assert "pack_gqa=True is a form of the hand-scheduled loop" in why and "variant='pipelined'" in why
@@ -444,6 +449,12 @@ PACKED_NVCC_CASES = {
                                                                              persistent=132)),
     "packed-gqa8-full-d128-bf16-s777-bn64-3wg": (dict(batch=1, heads=16, seq_len=777, dim=128, kv_heads=2,
                                                       dtype="bfloat16"), ws(64, 2, bm=192, threads=384)),
+    # 16 query heads a KV head (8 positions each, one 1 KB box), and 3 (64 each, in 192 rows)
+    "packed-gqa16-causal-d128-s1000-bn64": (dict(batch=1, heads=32, seq_len=1000, dim=128, kv_heads=2, causal=True),
+                                            ws(64, 2)),
+    "packed-gqa3-causal-d64-s1000-bn64-3wg-persistent": (dict(batch=2, heads=24, seq_len=1000, dim=64, kv_heads=8,
+                                                              causal=True), ws(64, 2, bm=192, threads=384,
+                                                                               persistent=132)),
 }
 
 
@@ -554,6 +565,9 @@ PACKED_GPU_SHAPES = [
     dict(batch=1, heads=16, seq_len=333, dim=64, kv_heads=2, dtype="bfloat16"),
     dict(batch=1, heads=8, seq_len=40, dim=64, kv_heads=2, causal=True),
     dict(batch=1, heads=32, seq_len=2048, dim=128, kv_heads=8),
+    # not yet run on a GPU (2026-12-02): 16 and 3 query heads a KV head
+    dict(batch=1, heads=32, seq_len=1000, dim=128, kv_heads=2, causal=True),
+    dict(batch=2, heads=24, seq_len=999, dim=64, kv_heads=8, causal=True, dtype="bfloat16"),
 ]
 
 
@@ -571,7 +585,7 @@ def test_packed_gqa_matches_the_fp32_reference(shape):
                   ws(176, 2, persistent=5)]
     arch = CUDA("cuda")
     configs = [c for c in (dataclasses.replace(f, pack_gqa=True) for f in forms) if not ATTENTION.check(p, c, arch)]
-    assert len(configs) >= 5, configs
+    assert len(configs) >= 4, configs  # 16 or 3 query heads a KV head: only 128 or only 192 rows
     assert_all_match(p, configs, qkv, ref)
 
 
@@ -719,9 +733,11 @@ def test_the_ws_benchmark_tells_a_hang_from_its_time_limit():
     assert cut["correct"] is None and "110 s check limit ran out 4 s into it" in cut["error"]
     hung = attention_ws.unfinished(cfg, attention_ws.STALL_S + 1, 110.0)
     assert hung["correct"] is False and "crashed or hung" in hung["error"] and hung["config"] == cfg
-    # checked in the model's order (space.ws_ranked): the ws configs tuning measures first, and every legal one
+    # checked with the ws configs tuning measures first, then in the model's order (space.ws_ranked), every legal one
     p = AttentionProblem(batch=4, heads=32, seq_len=2048, dim=64, kv_heads=8, causal=True)
-    order = ws_ranked(p, CUDA("H200"))
+    order = attention_ws.check_order(p, CUDA("H200"))
     assert order[:WS_TOP] == ATTENTION.candidates(p, CUDA("H200"), 8)[8:]
+    rest = [c for c in ws_ranked(p, CUDA("H200")) if c not in order[:WS_TOP]]
+    assert order[WS_TOP:] == rest
     assert sorted(map(str, order)) == sorted(str(c) for c in ws_space(p, CUDA("H200")) if not ATTENTION.check(
         p, c, CUDA("H200")))

@@ -27,8 +27,8 @@ from .config import AttentionConfig, AttentionProblem
 if TYPE_CHECKING:
     from carver.arch import GPUArch
 
-__all__ = ["PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "saves_work", "space", "tiles",
-           "ws_ranked", "ws_space"]
+__all__ = ["PACK_MIN_SAVING", "PER_BLOCK", "WS_TOP", "candidates", "carver_template", "check", "require", "saves_work",
+           "space", "tiles", "ws_ranked", "ws_space", "ws_top"]
 
 #: At most this many of the top-k share a (block_M, block_N): every stage variant of a tile shape (the
 #: calibrated model orders them by margins of ~1%, a near tie that tuning settles), and the rest of the
@@ -66,15 +66,20 @@ def ws_space(problem: AttentionProblem, arch: GPUArch | None = None) -> list[Att
     return grid + [dataclasses.replace(c, persistent=sms) for c in grid if tiles(problem, c) > sms]
 
 
+#: The share of a config's key steps ``pack_gqa`` must spare for :func:`ws_space` to add its packed twin.
+PACK_MIN_SAVING = 0.05
+
+
 def saves_work(problem: AttentionProblem, config: AttentionConfig) -> bool:
-    """Whether ``pack_gqa`` spares ``config`` key steps (:func:`carver.attention.tile_steps`): a tile past seq_len
-    or past the causal diagonal covers ``groups`` times fewer positions packed. Where the steps are the same
-    (``block_M`` divides seq_len and, causal, ``block_N`` divides ``block_M``) the packed form only adds TMA
-    boxes: measured alike at d64 (8 x 1k: 0.172 against 0.172 ms, causal 0.114 against 0.115) and 6% slower at
-    d128 (8 x 1k causal, 128 x 128: 0.161 against 0.152 ms; H200, benchmarks/data/attention-packgqa-2026-12-02-h200),
-    so the space leaves that twin out."""
+    """Whether ``pack_gqa`` spares ``config`` at least :data:`PACK_MIN_SAVING` of its key steps
+    (:func:`carver.attention.tile_steps`): a tile past seq_len or past the causal diagonal covers ``groups`` times
+    fewer positions packed. Where it leaves the steps as they are, the packed form only adds TMA boxes: measured
+    alike at d64 (8 x 1k: 0.172 against 0.172 ms, causal 0.114 against 0.115) and 6% slower at d128 (8 x 1k causal,
+    128 x 128: 0.161 against 0.152 ms); sparing 7% of the steps it was 3% faster at d128 (128 x 160, 8 x 1k causal)
+    and 10% at d64 (128 x 176; H200, benchmarks/data/attention-packgqa-2026-12-02-h200). The model prices the steps
+    alone, so a twin sparing less than that is left out of the space."""
     packed, unpacked = (dataclasses.replace(config, pack_gqa=p).kernel_kwargs() for p in (True, False))
-    return tile_steps(problem, packed) < tile_steps(problem, unpacked)
+    return tile_steps(problem, packed) <= (1 - PACK_MIN_SAVING) * tile_steps(problem, unpacked)
 
 
 def tiles(problem: AttentionProblem, config: AttentionConfig) -> int:
@@ -118,8 +123,19 @@ def candidates(problem: AttentionProblem, arch: GPUArch | None, topk: int,
             break
     picked += [c for c in ranked if c not in picked][: topk - len(picked)]
     if variants:
-        picked += ws_ranked(problem, arch)[:WS_TOP]
+        picked += ws_top(ws_ranked(problem, arch))
     return picked
+
+
+def ws_top(ranked: list[AttentionConfig]) -> list[AttentionConfig]:
+    """The :data:`WS_TOP` ws configs :func:`candidates` adds, from :func:`ws_ranked`'s order: the model's best, but
+    where they are all ``pack_gqa`` twins the last slot goes to the best unpacked config (the model prices packing
+    by the steps it saves alone, and on shapes measured before it the unpacked configs are what was measured)."""
+    top = ranked[:WS_TOP]
+    unpacked = [c for c in ranked if not c.pack_gqa]
+    if top and all(c.pack_gqa for c in top) and unpacked:
+        top = top[:-1] + unpacked[:1]
+    return top
 
 
 def ws_ranked(problem: AttentionProblem, arch: GPUArch | str) -> list[AttentionConfig]:
