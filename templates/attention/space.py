@@ -53,7 +53,8 @@ def space(problem: AttentionProblem) -> list[AttentionConfig]:
 def ws_space(problem: AttentionProblem, arch: GPUArch | None = None) -> list[AttentionConfig]:
     """The hand-scheduled Hopper loop's grid (``variant="ws"``) less what no GPU can run. Not part of
     :func:`space`, the T.Pipelined grid the model's constants are fitted on; ``candidates`` adds its best.
-    With GQA, each config's ``pack_gqa`` twin (a tile of every query head of a KV head) where the rules take it.
+    With GQA, each config's ``pack_gqa`` twin (a tile of every query head of a KV head) where the rules take it and
+    it spares enough key steps (:func:`saves_work`).
     With an ``arch`` and more tiles than it has SMs, each config's persistent twin too (``persistent`` = the
     SM count: one resident CTA per SM walks the tiles)."""
     grid = [AttentionConfig(**c) for c in attention_ws_space() if not check_attention_config(problem, c)]

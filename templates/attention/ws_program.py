@@ -80,7 +80,7 @@ them, so nvcc cannot hoist the softmax above the wait nor sink the write of P ab
 # No `from __future__ import annotations`: TileLang reads the T.prim_func's annotations as expressions.
 from typing import TYPE_CHECKING
 
-from carver.attention import WS_PRODUCER_THREADS, ws_regs, ws_tiles_pipelined
+from carver.attention import WS_PRODUCER_THREADS, tile_positions, ws_regs, ws_tiles_pipelined
 
 from . import fastmath
 from .config import AttentionConfig, AttentionProblem
@@ -121,11 +121,11 @@ def ws_program(problem: AttentionProblem, config: AttentionConfig) -> "PrimFunc"
     # per-thread 32-bit registers of the fragments the fences name (a warpgroup's 128 threads share its rows)
     s_regs, p_regs, o_regs = wg_rows * bn // 128, wg_rows * bn // 256, wg_rows * D // 128
     tail = S % bn != 0
-    # pack_gqa: a tile holds the rows of all `groups` query heads of one KV head at `rs` query positions, head j's
-    # rows at j * rs to (j + 1) * rs - 1 (one TMA box each); else one query head's `bm` positions
-    gq = groups if config.pack_gqa else 1
-    rs = bm // gq
-    th = problem.kv_heads if config.pack_gqa else H  # a tile's head index: its KV head (packed) or query head
+    # the carver's tiles (its model counts the same ones): `rs` query positions of each of `gq` query heads, and the
+    # tiles' head index `th`; pack_gqa: all `groups` query heads of one KV head, head j's rows at j * rs to
+    # (j + 1) * rs - 1 (one TMA box each), else one query head's `bm` positions
+    rs, th = tile_positions(problem, config.kernel_kwargs())
+    gq = bm // rs
     nq = -(-S // rs)
     tiles = B * th * nq
     # n resident CTAs walking the tiles (never more than there are tiles); 0: one CTA per tile
