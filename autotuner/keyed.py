@@ -128,6 +128,13 @@ class KeyedKernel:
     * ``compile_args``/``tuning_args``: for ``AutoTuner.set_compile_args``/``set_tuning``; ``target``
       and ``out_idx`` also decide how served kernels are compiled. ``warmup``, ``rep``: for ``run``.
     * ``validate(key, config)``: reasons a config cannot run at that key (dropped before compiling).
+    * ``refine(exact, bucket, config)``: for a call whose bucketed values are not their bucket's edge, a
+      config to serve at that exact key instead of the bucket's own ``config`` (tuned, from a table, or the
+      fallback), or ``None`` to serve the bucket's. It must be a pure function of its arguments (every rank
+      serves the same kernels from the same table) and must not time anything; a config it names is checked
+      with ``validate`` at the exact key, compiled once per bucket and config (dynamic keys) and checked
+      against the reference like any served kernel. The matmul op uses it to step off a wave cliff between
+      two edges (``templates.matmul.op``).
     """
 
     def __init__(self, fn: Callable[..., Any], key: Sequence[str],
@@ -136,7 +143,8 @@ class KeyedKernel:
                  dynamic: Iterable[str] = (), default: Any = None, name: str | None = None,
                  compile_args: Mapping[str, Any] | None = None, tuning_args: Mapping[str, Any] | None = None,
                  warmup: int = 3, rep: int = 20, tune_on_miss: bool = False,
-                 validate: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
+                 validate: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None,
+                 refine: Callable[[dict[str, Any], dict[str, Any], dict[str, Any]], Any] | None = None) -> None:
         from .tuner import AutoTuner
 
         if not callable(fn):
@@ -167,7 +175,11 @@ class KeyedKernel:
             clash = sorted(set(c) & set(self.key))
             if clash:
                 raise ValueError(f"config {dict(c)!r} sets key parameter(s) {clash}; keys come from the call")
+        if refine is not None and not callable(refine):
+            raise TypeError(f"refine must be a callable refine(exact, bucket, config) -> config or None, "
+                            f"got {refine!r}")
         self.configs, self.key_of, self.default, self.validate = configs, key_of, default, validate
+        self.refine = refine
         self.name = name or self._fn_name()
         self.compile_args, self.tuning_args = dict(compile_args or {}), dict(tuning_args or {})
         for k in _SERVING_ONLY:
@@ -184,6 +196,11 @@ class KeyedKernel:
         self._untuned: dict[tuple, int] = {}
         self._unchecked: set[tuple] = set()  # compiled during CUDA-graph capture: checked at the next call
         self._refused: dict[tuple, tuple[dict[str, Any], str]] = {}  # failed _check_served: (config, why)
+        # refine: an exact key -> (the bucket's choice it was refined from, what is served); and one tuple per
+        # (bucket, refined config), so that the compiled-kernel cache's identity checks hold across exact keys
+        self._refined: dict[tuple, tuple[tuple, tuple]] = {}
+        self._variants: dict[tuple, tuple[dict[str, Any], str, float | None]] = {}
+        self._warm: dict[tuple, tuple[dict[str, Any], Any]] = {}  # precompile's kernels, not yet checked or served
         # the call's own key values -> (kernel, its bucket if a fallback serves it), while nothing is recording
         self._fast: dict[tuple, tuple[Any, tuple | None, tuple | None]] = {}  # + the call's types if bool-like
         self._section: tuple[TunedTable, KernelSection | None] | None = None
@@ -270,33 +287,35 @@ class KeyedKernel:
                 if chosen[1] == "fallback":
                     self._untuned[bt] = self._untuned.get(bt, 0) + 1
         self._check_beyond_edge(exact, b, chosen)
-        ck = typed_key(b[k] if k in self.dynamic else exact[k] for k in self.key)
+        served = self._served(exact, b, bt, chosen)
+        ck = self._compile_key(exact, b, chosen, served)
         hit = self._compiled.get(ck)
-        if hit is not None and hit[0] is chosen[0] and ck not in self._unchecked:
+        if hit is not None and hit[0] is served[0] and ck not in self._unchecked:
             return hit[1]
         with self._lock:
             refused = self._refused.get(ck)
-            if refused is not None and refused[0] is chosen[0]:  # checked and found wrong: not compiled again
+            if refused is not None and refused[0] is served[0]:  # checked and found wrong: not compiled again
                 raise KeyRefused(refused[1])
             hit = self._compiled.get(ck)
             try:
-                if hit is None or hit[0] is not chosen[0]:
-                    jit = self._compile(exact, chosen[0])
+                if hit is None or hit[0] is not served[0]:
+                    warm = self._warm.pop(ck, None)
+                    jit = warm[1] if warm is not None and warm[0] == served[0] else self._compile(exact, served[0])
                     self._unchecked.discard(ck)  # another config's state; a capture now marks this one again
-                    self._check_served(jit, exact, chosen, ck)
-                    hit = (chosen[0], jit)
+                    self._check_served(jit, exact, served, ck)
+                    hit = (served[0], jit)
                     self._compiled[ck] = hit
                 elif ck in self._unchecked and not capturing():  # compiled during a capture: checked now
-                    self._check_served(hit[1], exact, chosen, ck)
+                    self._check_served(hit[1], exact, served, ck)
                     self._unchecked.discard(ck)
             except KeyRefused as e:  # never served, now or later, while this config is chosen for the key
                 self._compiled.pop(ck, None)
                 self._unchecked.discard(ck)
                 if not getattr(e, "transient", False):
-                    self._refused[ck] = (chosen[0], str(e))
+                    self._refused[ck] = (served[0], str(e))
                 raise
             if ck in self._unchecked:  # still unchecked, so still capturing: a graph would replay it unchecked
-                err = KeyRefused(f"{self.name}: the kernel for {exact} ({chosen[1]} config {config_label(chosen[0])}) "
+                err = KeyRefused(f"{self.name}: the kernel for {exact} ({served[1]} config {config_label(served[0])}) "
                                  f"is not checked against the reference yet, and a CUDA graph is being captured, "
                                  f"when no check can run; it is not put into the graph unchecked. Call it once "
                                  f"with these shapes before the capture (a warm-up), and it is checked then")
@@ -307,6 +326,84 @@ class KeyedKernel:
                 self._fast[raw] = (hit[1], bt if chosen[1] == "fallback" else None,
                                    tuple(map(type, raw)) if any(map(_bool_like, raw)) else None)
         return hit[1]
+
+    def _compile_key(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple, served: tuple) -> tuple:
+        """The compiled-kernel cache's key: the bucket's edge for dynamic keys, else the exact value; and the
+        config where a refinement serves one beside the bucket's own."""
+        ck = typed_key(b[k] if k in self.dynamic else exact[k] for k in self.key)
+        return ck + (("refined", config_label(served[0])),) if served is not chosen else ck
+
+    def _resolve(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], tuple, tuple]:
+        """``(exact key, bucket key, the bucket's choice, what serves the exact key)``, without compiling."""
+        exact = self._exact(key)
+        b = self._bucket(exact)
+        bt = typed_key(b.values())
+        with self._lock:
+            chosen = self._chosen.get(bt) or self._choose(b)
+        return exact, b, chosen, self._served(exact, b, bt, chosen)
+
+    def served_config(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        """``(config, where it came from)`` that serves the exact ``key``, without compiling: the bucket's
+        (:meth:`config_for`), or what ``refine`` put in its place (its source says from which)."""
+        served = self._resolve(key)[3]
+        return dict(served[0]), served[1]
+
+    def precompile(self, keys: Iterable[Mapping[str, Any]], jobs: int = 4) -> int:
+        """Compile, ``jobs`` at a time (threads), every kernel that serving ``keys`` will need and is not
+        compiled yet, so that a model's first forward does not compile them one after another. Nothing is
+        served or timed here: each kernel is checked against the reference at its first call, as always.
+        Returns how many were compiled."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        todo: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
+        for key in keys:
+            exact, b, chosen, served = self._resolve(key)
+            ck = self._compile_key(exact, b, chosen, served)
+            hit = self._compiled.get(ck)
+            if (hit is None or hit[0] is not served[0]) and ck not in self._warm:
+                todo.setdefault(ck, (exact, served[0]))
+        with ThreadPoolExecutor(max(1, jobs)) as pool:
+            built = list(pool.map(lambda item: (item[0], item[1][1], self._compile(*item[1])), todo.items()))
+        with self._lock:
+            for ck, config, jit in built:
+                self._warm[ck] = (config, jit)
+        return len(built)
+
+    def _served(self, exact: dict[str, Any], b: dict[str, Any], bt: tuple, chosen: tuple) -> tuple:
+        """What serves the exact key: the bucket's ``chosen`` ``(config, source, latency)``, or the config
+        ``refine`` names for it (decided once per exact key and choice). A refinement that raises, that
+        ``validate`` refuses at the exact key, or that names the bucket's own config serves ``chosen``."""
+        if self.refine is None or exact == b:
+            return chosen
+        et = typed_key(exact.values())
+        hit = self._refined.get(et)
+        if hit is not None and hit[0] is chosen:
+            return hit[1]
+        with self._lock:
+            served = chosen
+            try:
+                want = self.refine(dict(exact), dict(b), dict(chosen[0]))
+                if want is not None:
+                    cfg = normalize_configs(functools.partial(self.fn, **exact), [want])[0]
+                    reasons = as_reasons(self.validate(dict(exact), dict(cfg))) if self.validate else []
+                    if reasons:
+                        logger.warning("%s: refine named %s for %s, which cannot run there (%s); serving the "
+                                       "bucket's %s config", self.name, config_label(cfg), exact,
+                                       "; ".join(reasons), chosen[1])
+                    elif cfg != chosen[0]:
+                        vt = (bt, config_label(cfg))
+                        served = self._variants.get(vt)
+                        if served is None or served[0] != cfg:
+                            served = (cfg, f"refined (from the {chosen[1]} config of {b})", None)
+                            self._variants[vt] = served
+                            logger.info("%s: %s is served by %s, refined from the %s config %s of its bucket %s",
+                                        self.name, exact, config_label(cfg), chosen[1], config_label(chosen[0]), b)
+                        self.stats["refined"] += 1
+            except Exception as e:  # a faulty refine costs speed, never an answer: the bucket's config serves
+                logger.warning("%s: refine(%s, %s, ...) raised %s: %s; serving the bucket's %s config", self.name,
+                               exact, b, type(e).__name__, e, chosen[1])
+            self._refined[et] = (chosen, served)
+        return served
 
     def _check_served(self, jit: Any, exact: dict[str, Any], chosen: tuple, ck: tuple) -> None:
         """A kernel about to be served, checked once against ``compile_args["ref_prog"]`` (where one is given)
@@ -461,7 +558,8 @@ class KeyedKernel:
 
         shape = {k: T.dynamic(k) if k in self.dynamic else exact[k] for k in self.key}
         kwargs, own = split_config(config)
-        self.stats["compiles"] += 1
+        with self._lock:  # precompile's threads count too
+            self.stats["compiles"] += 1
         # TileLang's C adapter does not check shared symbolic sizes (served.ServedKernel says why)
         return tl_compile(self.fn(**shape, **kwargs), self.target().spec,
                           merge_pass_configs(self.compile_args.get("pass_configs"), own),
@@ -572,6 +670,8 @@ class KeyedKernel:
         self._fast.clear()
         self._chosen.clear()
         self._untuned.clear()
+        self._refined.clear()
+        self._warm.clear()
 
     def section(self, keys: Iterable[Mapping[str, Any]] | None = None) -> KernelSection:
         """This kernel's table section for ``keys`` (default: every key met in this process): each key's

@@ -468,3 +468,70 @@ def test_a_dynamic_key_compiles_one_cuda_kernel_per_bucket():
     k = kk.kernel_for(key(5))
     assert kk.kernel_for(key(3)) is k and kk.stats["compiles"] == 1
     assert "int M" in k.get_kernel_source()  # M is a runtime argument of the CUDA kernel
+
+
+# ------------------------------------------------------------------------------------ refine
+def _refine_small_m(calls):
+    """Serve M below 30 of bucket 64 with 64-row blocks (one block), as the matmul op steps off a wave cliff."""
+
+    def refine(exact, bucket, config):
+        calls.append(exact["M"])
+        return {"block_M": 64, "block_N": 64} if bucket["M"] == 64 and exact["M"] < 30 else None
+
+    return refine
+
+
+def test_refine_serves_another_config_inside_a_bucket_compiled_once_per_config(tmp_path, caplog):
+    calls = []
+    kk = make_keyed(tmp_path / "db.sqlite", refine=_refine_small_m(calls))
+    with caplog.at_level(logging.INFO, logger="autotuner.keyed"):
+        for m in (40, 20, 25, 64, 20, 40):
+            a, b = args(m)
+            torch.testing.assert_close(kk(a, b), a * 2 + b)
+    # the bucket's own kernel (M = 40 and 64) and the refined one (M = 20 and 25): dynamic M, one each
+    assert kk.stats["compiles"] == 2 and kk.stats["refined"] == 2 and kk.stats["served checks"] == 2
+    assert kk.kernel_for(key(20)) is kk.kernel_for(key(25)) is not kk.kernel_for(key(40))
+    assert kk.kernel_for(key(40)) is kk.kernel_for(key(64))
+    assert sorted(calls) == [20, 25, 40]  # once per exact key, never at the edge itself
+    said = [r.getMessage() for r in caplog.records if "refined from" in r.getMessage()]
+    assert len(said) == 1 and "M=64" in said[0] and "M=16" in said[0], said  # once per (bucket, config)
+    assert kk.config_for(key(20)) == (CONFIGS[0], "fallback")  # the bucket's choice is unchanged
+    kk._forget()  # a new choice (a table, a tune): every refinement is decided again
+    kk.kernel_for(key(20))
+    assert sorted(calls) == [20, 20, 25, 40]
+
+
+@pytest.mark.parametrize("how", ["raises", "refused", "unknown key"])
+def test_a_refine_that_fails_serves_the_buckets_config(tmp_path, caplog, how):
+    def refine(exact, bucket, config):
+        if how == "raises":
+            raise RuntimeError("no model for this GPU")
+        return {"block_M": 48, "block_N": 64} if how == "refused" else {"block_M": 64, "tile": 3}
+
+    validate = (lambda k, c: ["block_M 48 is not a power of two"] if c.get("block_M") == 48 else [])
+    kk = make_keyed(tmp_path / "db.sqlite", refine=refine, validate=validate)
+    with caplog.at_level(logging.WARNING, logger="autotuner.keyed"):
+        a, b = args(20)
+        torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert kk.stats["refined"] == 0 and kk.stats["compiles"] == 1
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert {"raises": "raised RuntimeError: no model for this GPU", "refused": "block_M 48 is not a power of two",
+            "unknown key": "tile"}[how] in warned, warned
+    with pytest.raises(TypeError, match="refine must be a callable"):
+        make_keyed(refine={"block_M": 64})
+
+
+def test_served_config_and_precompile_see_the_refinement(tmp_path):
+    calls = []
+    kk = make_keyed(tmp_path / "db.sqlite", refine=_refine_small_m(calls))
+    assert kk.served_config(key(40)) == (CONFIGS[0], "fallback")
+    cfg, source = kk.served_config(key(20))
+    assert cfg == {"block_M": 64, "block_N": 64} and "refined" in source and "fallback" in source
+    # three keys, two kernels (bucket 64's own and its refined one), compiled together; their first calls
+    # compile nothing more, and each is still checked against the reference before it is served
+    assert kk.precompile([key(40), key(20), key(25)], jobs=2) == 2 and kk.stats["compiles"] == 2
+    assert kk.precompile([key(40), key(20)]) == 0
+    for m in (40, 20, 25):
+        a, b = args(m)
+        torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert kk.stats["compiles"] == 2 and kk.stats["served checks"] == 2
