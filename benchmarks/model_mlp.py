@@ -11,7 +11,9 @@ Phases, each saved to ``--out/model_mlp.json`` as it finishes (a run cut short k
 2. ``serve``: ``mlp.py serve`` twice in fresh processes: first-forward seconds with the table loaded,
    TileLang's own cache-load seconds inside it, nothing timed, the same configs both times;
 3. ``speed``: both blocks on the same weights, interleaved rounds per token count (CUDA events over
-   back-to-back eager calls, median of rounds); speedup = torch time / tilecarve time;
+   back-to-back eager calls, median of rounds); speedup = torch time / tilecarve time. The kernels the
+   counts need are compiled first, ``--jobs`` at a time (``KeyedKernel.precompile``), and each count's row
+   names the configs that served it (``--no-refine``: every M in a bucket served by the bucket's config);
 4. ``compile``: ``torch.compile(block)``: the same outputs as eager, no graph breaks (``torch._dynamo.explain``).
 
 Targets (issue 12): speedup >= 1.0 for M >= 128, >= 0.95 below, geomean >= 1.0; tuning <= 60 s;
@@ -61,7 +63,19 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
     block = mlp.make_block(args.hidden, args.intermediate)
     ref = mlp.MLP(args.hidden, args.intermediate, torch.nn.Linear, device="cuda", dtype=torch.float16)
     ref.load_state_dict(block.state_dict())  # the same weights
+    from templates.matmul.op import get_op
+
     rows = res.setdefault("speed", {})
+    op = get_op()
+    shapes = ((args.intermediate, args.hidden), (args.hidden, args.intermediate))  # gate and up; down
+    keys = {t: [{"M": t, "N": n, "K": k, "dtype": "float16"} for n, k in shapes] for t in args.tokens}
+    t0 = time.time()
+    for kk in {op.kernel(t) for t in args.tokens}:
+        res.setdefault("precompiled", 0)
+        res["precompiled"] += kk.precompile([k for t in args.tokens for k in keys[t] if op.kernel(t) is kk],
+                                            jobs=args.jobs)
+    res["precompile_s"] = round(time.time() - t0, 1)
+    log(f"speed: {res['precompiled']} kernels compiled in {res['precompile_s']} s")
     with torch.inference_mode():
         xs = {t: torch.randn(t, args.hidden, device="cuda", dtype=torch.float16) for t in args.tokens}
         iters = {}
@@ -70,7 +84,9 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
             err = ((y.float() - y_ref.float()).abs().max() / y_ref.float().abs().max().clamp_min(1e-6)).item()
             per = time_block(ref, x, 3)
             iters[t] = max(3, min(200, int(20e3 / max(per, 1.0))))
-            rows[str(t)] = {"iters": iters[t], "max_rel_err": err, "tc_us": [], "torch_us": []}
+            rows[str(t)] = {"iters": iters[t], "max_rel_err": err, "tc_us": [], "torch_us": [],
+                            "served": [[op.kernel(t).served_config(k)[1], op.kernel(t).served_config(k)[0]]
+                                       for k in keys[t]]}
         for r in range(args.rounds):
             if time.time() > deadline:
                 log("speed: time limit; stopping the rounds early")
@@ -86,6 +102,7 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
             row["target_met"] = target_met(int(t), row["speedup"])
     sp = [r["speedup"] for r in rows.values() if "speedup" in r]
     res["speed_geomean"] = geomean(sp)
+    res["op_stats"] = {"gemm": dict(op.gemm.stats), "gemv": dict(op.gemv.stats)}  # refusals would show here
 
 
 def phase_compile(res: dict, args: argparse.Namespace) -> None:
@@ -131,11 +148,14 @@ def phase_serve(res: dict, args: argparse.Namespace, env: dict) -> None:
 def write_md(res: dict, path: Path) -> None:
     lines = [f"# MLP block (hidden {res['hidden']}, intermediate {res['intermediate']}, fp16) on {res['device']}",
              "", f"{res['date']}, `{res['command']}`", "",
-             "| tokens | tilecarve us | torch us | speedup | target |", "|---|---|---|---|---|"]
+             "| tokens | tilecarve us | torch us | speedup | target | served (gate and up; down) |",
+             "|---|---|---|---|---|---|"]
     for t, r in res.get("speed", {}).items():
         if "speedup" in r:
+            served = "; ".join(f"{c.get('block_M', '')}x{c.get('block_N', '')}x{c.get('block_K', '')} "
+                               f"{src.split(' ')[0]}" for src, c in r.get("served", []))
             lines.append(f"| {t} | {r['tc_median_us']:.1f} | {r['torch_median_us']:.1f} | {r['speedup']:.3f} | "
-                         f"{'met' if r['target_met'] else 'missed'} |")
+                         f"{'met' if r['target_met'] else 'missed'} | {served} |")
     if res.get("speed_geomean"):
         lines.append(f"\ngeomean speedup {res['speed_geomean']:.3f} (target >= 1.0)")
     if "tune_s" in res.get("tune", {}):  # not when a given --table is served without tuning
@@ -164,6 +184,9 @@ def main() -> int:
     ap.add_argument("--phases", default="tune,serve,speed,compile")
     ap.add_argument("--table", help="with --phases without tune: the table to serve")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    ap.add_argument("--no-refine", action="store_true",
+                    help="serve every M with its bucket's config (the op's refine=False)")
+    ap.add_argument("--jobs", type=int, default=8, help="kernels compiled at a time before the speed rounds")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=4096)
@@ -182,11 +205,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    configure(topk=args.topk)
+    configure(topk=args.topk, refine=not args.no_refine)
     phases = args.phases.split(",")
     res = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "command": " ".join(sys.argv), "hidden": args.hidden, "intermediate": args.intermediate,
-           "tokens": args.tokens, "topk": args.topk, "cache": str(cache)}
+           "tokens": args.tokens, "topk": args.topk, "cache": str(cache), "refine": not args.no_refine}
     jpath = out / "model_mlp.json"
 
     def save() -> None:

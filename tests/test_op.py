@@ -240,6 +240,44 @@ def test_op_settings_are_refused_naming_the_value(kwargs, says):
         mop.MatmulOp(target=SM90, **kwargs)
 
 
+def test_inside_a_bucket_the_op_steps_off_a_wave_cliff_to_the_carvers_config_for_that_m():
+    """The down projection at 1088 tokens: the bucket's config (the carver's top-1 at 2048) puts 144 128x256
+    tiles on 132 SMs, two waves for 1.09 of work (0.54x cuBLAS on an H200); the op serves the carver's config
+    for 1088 instead. At the edge itself, and with refine=False, the bucket's config serves."""
+    op = mop.MatmulOp(target=SM90)
+    key = {"M": 1088, "N": 4096, "K": 14336, "dtype": torch.float16}
+    bucket_cfg, source = op.gemm.config_for(key)
+    served, why = op.gemm.served_config(key)
+    assert source == "fallback" and served != bucket_cfg and "refined" in why and "fallback" in why
+    arch, here = CUDA("sm_90a"), mm.MatmulProblem(1088, 4096, 14336)
+    assert served == mm.MATMUL.candidates(here, arch, 1, variants=False, split_k=False)[0].to_dict()
+    gain = (mm.space.predicted_ms(here, arch, mm.MatmulConfig.from_dict(bucket_cfg))
+            / mm.space.predicted_ms(here, arch, mm.MatmulConfig.from_dict(served)))
+    assert gain > mop.REFINE_MIN_GAIN
+    assert op.gemm.served_config({**key, "M": 2048}) == (bucket_cfg, "fallback")
+    assert mop.MatmulOp(target=SM90, refine=False).gemm.served_config(key) == (bucket_cfg, "fallback")
+    with pytest.raises(ValueError, match="refine must be True"):
+        mop.MatmulOp(target=SM90, refine="yes")
+
+
+def test_refine_keeps_a_tuned_config_the_carver_underrates_at_the_edge(monkeypatch):
+    """A bucket's config predicted 1.6x its top-1 at the edge, yet tuned there (it won, measured): at M the
+    carver must predict it more than 1.6 * REFINE_MIN_GAIN slower before another config replaces it."""
+    tuned = {"block_M": 256, "block_N": 128, "block_K": 64, "num_stages": 3, "thread_num": 256,
+             "enable_rasterization": True}
+    exact, bucket = ({"M": m, "N": 4096, "K": 14336, "dtype": "float16"} for m in (1024, 2048))
+    for at_edge, refined in ((1.6, False), (1.0, True)):
+        def fake(problem, arch, config, at_edge=at_edge):
+            mine = config.carver_dict() == mm.MatmulConfig.from_dict(tuned).carver_dict()
+            if problem.M == 2048:
+                return at_edge if mine else 1.0
+            return 0.8 if mine else 0.5  # at M: 1.6x the carver's top-1 there, 1.6x the edge's line (0.5)
+
+        monkeypatch.setattr(mop, "predicted_ms", fake)
+        got = mop.MatmulOp(target=SM90).refine_config(exact, bucket, tuned)
+        assert (got is not None) is refined and (got is None or got != tuned)
+
+
 # ------------------------------------------------------------------------------------ nvcc, no GPU
 @pytest.mark.nvcc
 def test_one_symbolic_gemm_kernel_per_bucket_and_gemv_per_exact_m():
@@ -300,11 +338,37 @@ def test_outputs_match_nn_linear_on_the_gpu(dtype):
                     torch.testing.assert_close(lin(x), ref(x), atol=2e-2, rtol=2e-2)
     finally:
         mop._OP[0] = before
-    assert op.gemm.stats["compiles"] == 3  # one symbolic kernel per bucket: 32 (M=17), 128 (100, 128), 512
+    # one symbolic kernel per bucket, 32 (M=17), 128 (100, 128) and 512 (300), and one per config a refinement
+    # serves beside a bucket's own
+    served = {(op.gemm.make_key(k)["M"], json.dumps(op.gemm.served_config(k)[0], sort_keys=True)) for k in
+              ({"M": m, "N": 768, "K": 512, "dtype": dtype} for m in (17, 100, 128, 300))}
+    assert op.gemm.stats["compiles"] == len(served) >= 3
     assert op.gemv.stats["compiles"] == 3  # one per exact M: 1, 3, 16
     x = torch.randn(5, 512, device="cuda", dtype=dtype, requires_grad=True)
     lin(x).float().sum().backward()
     assert x.grad is not None and ref.weight.grad is not None
+
+
+@pytest.mark.gpu
+def test_a_refined_kernel_serves_between_two_edges_and_matches_nn_linear():
+    """The down projection at 1088 tokens, where the bucket's config falls off a wave cliff on a 132-SM GPU:
+    the refined kernel serves it, is checked against the reference first, and matches nn.Linear."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(14336, 4096, bias=False, device="cuda", dtype=torch.float16)
+    lin = mm.Linear.from_linear(ref)
+    before = mop.get_op()
+    op = mop.configure()
+    try:
+        key = {"M": 1088, "N": 4096, "K": 14336, "dtype": torch.float16}
+        served, why = op.gemm.served_config(key)
+        if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+            assert "refined" in why, (served, why)
+        with torch.no_grad():
+            x = torch.randn(1088, 14336, device="cuda", dtype=torch.float16)
+            torch.testing.assert_close(lin(x), ref(x), atol=2e-2, rtol=2e-2)
+    finally:
+        mop._OP[0] = before
+    assert op.gemm.stats["served checks"] >= 1 and not op.gemm._refused
 
 
 @pytest.mark.gpu

@@ -12,6 +12,13 @@ kernels (:class:`autotuner.KeyedKernel`, key ``M, N, K, dtype``) serve it:
 
 Configs come from a loaded table, else the tuning database, else the carver's top-1 (logged once per
 key): the op never tunes by itself, so nothing is timed inside a forward pass or a CUDA-graph capture.
+Between two edges of a bucket the GEMM's tile grid can fall off a wave cliff: the down projection's
+128x256 tiles, tuned at 2048 tokens, fill 1.09 waves of an H200's SMs at 1088 tokens and run 0.54x
+cuBLAS there, where the carver's 192x192 for 1088 runs 1.00x (``benchmarks/data/wave-tail-2026-12-02-h200``).
+So (``refine=True``, the default) a call whose M is not its bucket's edge is served the carver's top-1 for
+its own M where the carver predicts the bucket's config at least ``REFINE_MIN_GAIN`` slower there
+(:meth:`MatmulOp.refine_config`): no timing, the same choice on every rank, one more kernel per bucket
+and config, checked like every served kernel.
 Tune offline with ``autotuner.record()`` and ``Recording.tune`` (docs/deploy.md). Anything the kernels
 do not take (CPU tensors, fp32, mixed dtypes, a non-contiguous weight, shapes the carver's rules
 refuse) goes to ``torch.nn.functional.linear``, said once per reason at INFO.
@@ -44,8 +51,10 @@ from .api import MATMUL
 from .config import MatmulConfig, make_problem
 from .program import program
 from .reference import ref_program
+from .space import predicted_ms
 
-__all__ = ["GEMM_NAME", "GEMV_EDGES", "GEMV_NAME", "KEY", "Linear", "MatmulOp", "configure", "gemm", "get_op", "matmul"]
+__all__ = ["GEMM_NAME", "GEMV_EDGES", "GEMV_NAME", "KEY", "REFINE_MIN_GAIN", "Linear", "MatmulOp", "configure", "gemm",
+           "get_op", "matmul"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +62,11 @@ KEY = ("M", "N", "K", "dtype")
 GEMM_NAME, GEMV_NAME = "tilecarve.matmul", "tilecarve.matmul.gemv"
 #: The GEMV kernel's buckets of M (tokens decoded together); above the last, the GEMM serves.
 GEMV_EDGES = (1, 2, 4, 8, GEMV_MAX_M)
+#: Inside a bucket, serve the carver's config for the call's own M only where it predicts the bucket's config
+#: at least this much slower at that M (the carver ranks configs, it does not time them: a margin above its
+#: error). Nine H200 cases between two edges, each predicted 1.115-1.96x (2026-12-02, wave-tail-2026-12-02-h200,
+#: inbucket/): refined, seven ran 1.09-1.84x faster, the two predicted 1.13 ran 1.03x and 0.98x.
+REFINE_MIN_GAIN = 1.10
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -84,7 +98,7 @@ class MatmulOp:
     """
 
     def __init__(self, topk: int = 4, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
-                 tuning_args: Mapping[str, Any] | None = None) -> None:
+                 tuning_args: Mapping[str, Any] | None = None, refine: bool = True) -> None:
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"topk must be a positive int, got {topk!r}")
         if isinstance(gemv_max_m, bool) or gemv_max_m not in (0, *GEMV_EDGES):  # True == 1 would pass `in`
@@ -92,8 +106,12 @@ class MatmulOp:
         if not isinstance(dynamic, bool):
             raise ValueError(f"dynamic must be True (one symbolic-M GEMM per bucket) or False (one per exact M), "
                              f"got {dynamic!r}")
+        if not isinstance(refine, bool):
+            raise ValueError(f"refine must be True (inside a bucket, step off a wave cliff to the carver's config "
+                             f"for the call's M) or False (the bucket's config for every M in it), got {refine!r}")
         self.topk, self.gemv_max_m, self.target = topk, gemv_max_m, target
         self._arch: dict[str, Any] = {}
+        self._edge_times: dict[tuple, tuple[float, float]] = {}  # refine_config's predictions at a bucket's edge
         compile_args = {"out_idx": [-1], "target": target, "ref_prog": ref_program,
                         "max_mismatched_ratio": 0.0}
         # candidates and finalists timed back to back, as a model's forward runs them: on an H200 the 64x64
@@ -103,7 +121,8 @@ class MatmulOp:
         tuning = {"progress": False, "timing": "back_to_back", "sustain_s": 0.05, **(tuning_args or {})}
         self.gemm = KeyedKernel(gemm, KEY, self._gemm_configs, buckets={"M": Buckets.pow2()},
                                 dynamic=["M"] if dynamic else (), name=GEMM_NAME, compile_args=compile_args,
-                                tuning_args=tuning, validate=self._gemm_check)
+                                tuning_args=tuning, validate=self._gemm_check,
+                                refine=self.refine_config if refine else None)
         gemv_edges = tuple(e for e in GEMV_EDGES if e <= max(gemv_max_m, 1))
         self.gemv = KeyedKernel(gemv_kernel, KEY, self._gemv_configs, buckets={"M": gemv_edges}, name=GEMV_NAME,
                                 compile_args=compile_args, tuning_args=tuning, validate=self._gemv_check)
@@ -131,6 +150,35 @@ class MatmulOp:
 
     def _gemv_configs(self, key: dict[str, Any]) -> list[dict[str, Any]]:
         return [c.to_dict() for c in GEMV.candidates(self._gemv_problem(key), self.arch(), self.topk)]
+
+    def refine_config(self, exact: dict[str, Any], bucket: dict[str, Any], config: Mapping[str, Any]
+                      ) -> dict[str, Any] | None:
+        """The GEMM's ``refine`` (:class:`autotuner.KeyedKernel`): the carver's top-1 for the exact M where it
+        predicts the bucket's ``config`` more than ``REFINE_MIN_GAIN`` slower at that M, else None.
+
+        The margin grows by what the carver underrates the bucket's config at the edge (a tuned winner that it
+        ranks below its own top-1 there has beaten that top-1 there, measured): predictions at M of both are
+        compared, nothing is timed. The search at M (about 13 ms, once per M) runs only where the bucket's
+        config is predicted above the edge's line, the edge's time scaled by M / edge (its tiles off a whole
+        number of waves); elsewhere one prediction (under 1 ms) decides. (A bound with the margin in it,
+        skipping the search up to 1.1x the line, missed a case: at 3072 tokens the gate projection's 256x160
+        fills 8.2 waves, 9% above the line, and the carver's 192x256 for 3072 ran 1.09x faster.)"""
+        arch = self.arch()
+        here, edge = self._matmul_problem(exact), self._matmul_problem(bucket)
+        cfg = MatmulConfig.from_dict(config)
+        ident = (tuple(bucket.values()), tuple(sorted(cfg.carver_dict().items())))
+        at_edge = self._edge_times.get(ident)
+        if at_edge is None:  # the bucket's config and the carver's top-1 at the edge, predicted once per bucket
+            top_edge = MATMUL.candidates(edge, arch, 1, variants=False, split_k=False)[0]
+            at_edge = self._edge_times[ident] = (predicted_ms(edge, arch, cfg), predicted_ms(edge, arch, top_edge))
+        mine = predicted_ms(here, arch, cfg)
+        handicap = max(1.0, at_edge[0] / at_edge[1])
+        if mine <= handicap * at_edge[1] * here.M / edge.M:  # on the edge's line or below it: no cliff
+            return None
+        best = MATMUL.candidates(here, arch, 1, variants=False, split_k=False)[0]
+        if best.carver_dict() == cfg.carver_dict():
+            return None
+        return best.to_dict() if mine > REFINE_MIN_GAIN * handicap * predicted_ms(here, arch, best) else None
 
     def _gemm_check(self, key: dict[str, Any], config: Mapping[str, Any]) -> list[str]:
         return check_config_dict(MatmulConfig, MATMUL.check, self._matmul_problem(key), self.arch(), config)

@@ -44,6 +44,7 @@ __all__ = [
     "hint_configs",
     "row_tile_hedge",
     "hopper_variants",
+    "predicted_ms",
     "hopper_variants_for",
     "space",
     "split_k_candidates",
@@ -110,6 +111,13 @@ def carver_template(
 def _carver_for(problem: MatmulProblem, arch: Any) -> Any:
     return carver_template(problem.M, problem.N, problem.K, problem.in_dtype, problem.out_dtype,
                            problem.accum_dtype, problem.trans_A, problem.trans_B, arch=arch)
+
+
+def predicted_ms(problem: MatmulProblem, arch: Any, config: MatmulConfig) -> float:
+    """The carver's latency (ms) for ``config`` on ``problem``: its tile, stages, threads, rasterization and
+    split (:meth:`MatmulConfig.carver_dict`; the warp split and the Hopper variants are priced as the grid
+    program of the same tile)."""
+    return float(_carver_for(problem, arch).predict(config.carver_dict()).latency_ms)
 
 
 def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> list[str]:
