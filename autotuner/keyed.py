@@ -295,6 +295,8 @@ class KeyedKernel:
         with self._lock:
             refused = self._refused.get(ck)
             if refused is not None and refused[0] is served[0]:  # checked and found wrong: not compiled again
+                if served is not chosen:
+                    return self._unrefine(key, exact, chosen)
                 raise KeyRefused(refused[1])
             hit = self._compiled.get(ck)
             try:
@@ -308,10 +310,24 @@ class KeyedKernel:
                 elif ck in self._unchecked and not capturing():  # compiled during a capture: checked now
                     self._check_served(hit[1], exact, served, ck)
                     self._unchecked.discard(ck)
-            except KeyRefused as e:  # never served, now or later, while this config is chosen for the key
+            except Exception as e:
+                transient = getattr(e, "transient", False)
+                if served is not chosen and not transient:
+                    # a refined kernel that does not compile or does not match the reference: never again, and
+                    # the bucket's own config serves the keys refined to it (a refinement costs speed, not answers)
+                    self._compiled.pop(ck, None)
+                    self._unchecked.discard(ck)
+                    self._refused[ck] = (served[0], f"{type(e).__name__}: {e}")
+                    logger.warning("%s: the config %s refined for %s failed (%s: %s); the bucket's %s config "
+                                   "serves the keys refined to it", self.name, config_label(served[0]), exact,
+                                   type(e).__name__, str(e)[:500], chosen[1])
+                    return self._unrefine(key, exact, chosen)
+                if not isinstance(e, KeyRefused):
+                    raise
+                # never served, now or later, while this config is chosen for the key
                 self._compiled.pop(ck, None)
                 self._unchecked.discard(ck)
-                if not getattr(e, "transient", False):
+                if not transient:
                     self._refused[ck] = (served[0], str(e))
                 raise
             if ck in self._unchecked:  # still unchecked, so still capturing: a graph would replay it unchecked
@@ -327,6 +343,11 @@ class KeyedKernel:
                                    tuple(map(type, raw)) if any(map(_bool_like, raw)) else None)
         return hit[1]
 
+    def _unrefine(self, key: Mapping[str, Any], exact: dict[str, Any], chosen: tuple) -> Any:
+        """Serve the exact key with its bucket's choice from now on (its refined kernel failed)."""
+        self._refined[typed_key(exact.values())] = (chosen, chosen)
+        return self.kernel_for(key)
+
     def _compile_key(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple, served: tuple) -> tuple:
         """The compiled-kernel cache's key: the bucket's edge for dynamic keys, else the exact value; and the
         config where a refinement serves one beside the bucket's own."""
@@ -339,7 +360,7 @@ class KeyedKernel:
         b = self._bucket(exact)
         bt = typed_key(b.values())
         with self._lock:
-            chosen = self._chosen.get(bt) or self._choose(b)
+            chosen = self._chosen.get(bt) or self._choose(b, tune=False)
         return exact, b, chosen, self._served(exact, b, bt, chosen)
 
     def served_config(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -351,19 +372,31 @@ class KeyedKernel:
     def precompile(self, keys: Iterable[Mapping[str, Any]], jobs: int = 4) -> int:
         """Compile, ``jobs`` at a time (threads), every kernel that serving ``keys`` will need and is not
         compiled yet, so that a model's first forward does not compile them one after another. Nothing is
-        served or timed here: each kernel is checked against the reference at its first call, as always.
-        Returns how many were compiled."""
+        served, tuned or timed here: each kernel is checked against the reference at its first call, as
+        always. A kernel that fails to compile is logged and left to its first call (which raises, or serves
+        the bucket's config where it was a refinement). Returns how many were compiled."""
         from concurrent.futures import ThreadPoolExecutor
 
         todo: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
         for key in keys:
             exact, b, chosen, served = self._resolve(key)
             ck = self._compile_key(exact, b, chosen, served)
-            hit = self._compiled.get(ck)
-            if (hit is None or hit[0] is not served[0]) and ck not in self._warm:
+            hit, refused = self._compiled.get(ck), self._refused.get(ck)
+            if (hit is None or hit[0] is not served[0]) and ck not in self._warm and \
+                    (refused is None or refused[0] != served[0]):
                 todo.setdefault(ck, (exact, served[0]))
+
+        def build(item: tuple) -> tuple:
+            ck, (exact, config) = item
+            try:
+                return ck, config, self._compile(exact, config)
+            except Exception as e:  # one bad kernel does not cost the others theirs
+                logger.warning("%s: precompile: the config %s for %s does not compile (%s: %s)", self.name,
+                               config_label(config), exact, type(e).__name__, str(e)[:500])
+                return ck, config, None
+
         with ThreadPoolExecutor(max(1, jobs)) as pool:
-            built = list(pool.map(lambda item: (item[0], item[1][1], self._compile(*item[1])), todo.items()))
+            built = [r for r in pool.map(build, todo.items()) if r[2] is not None]
         with self._lock:
             for ck, config, jit in built:
                 self._warm[ck] = (config, jit)
@@ -380,10 +413,17 @@ class KeyedKernel:
         if hit is not None and hit[0] is chosen:
             return hit[1]
         with self._lock:
+            hit = self._refined.get(et)  # another thread may have decided it meanwhile
+            if hit is not None and hit[0] is chosen:
+                return hit[1]
             served = chosen
             try:
                 want = self.refine(dict(exact), dict(b), dict(chosen[0]))
                 if want is not None:
+                    clash = sorted(set(want) & set(self.key)) if isinstance(want, Mapping) else []
+                    if clash:
+                        raise ValueError(f"the config {dict(want)!r} sets key parameter(s) {clash}; keys come from "
+                                         "the call")
                     cfg = normalize_configs(functools.partial(self.fn, **exact), [want])[0]
                     reasons = as_reasons(self.validate(dict(exact), dict(cfg))) if self.validate else []
                     if reasons:
@@ -391,7 +431,7 @@ class KeyedKernel:
                                        "bucket's %s config", self.name, config_label(cfg), exact,
                                        "; ".join(reasons), chosen[1])
                     elif cfg != chosen[0]:
-                        vt = (bt, config_label(cfg))
+                        vt = (bt, config_label(cfg), chosen[1])
                         served = self._variants.get(vt)
                         if served is None or served[0] != cfg:
                             served = (cfg, f"refined (from the {chosen[1]} config of {b})", None)
@@ -496,7 +536,9 @@ class KeyedKernel:
             chosen = self._chosen.get(typed_key(b.values())) or self._choose(b)
         return dict(chosen[0]), chosen[1]
 
-    def _choose(self, b: dict[str, Any]) -> tuple[dict[str, Any], str, float | None]:
+    def _choose(self, b: dict[str, Any], tune: bool = True) -> tuple[dict[str, Any], str, float | None]:
+        """The bucket's ``(config, source, latency)``: table, database, a tune (``tune_on_miss``; with ``tune``
+        False the fallback, not remembered, so that the first call still tunes) or the fallback."""
         bt = typed_key(b.values())
         table, section = self._table_section()
         chosen: tuple[dict[str, Any], str, float | None] | None = None
@@ -508,6 +550,8 @@ class KeyedKernel:
             stored = self._stored(b)
             if stored is not None:
                 chosen = (stored[0], "database", stored[1])
+            elif self.tune_on_miss and not capturing() and not tune:
+                return (self._fallback(b), "fallback", None)
             elif self.tune_on_miss and not capturing():
                 self.tune(b)
                 return self._chosen[bt]
@@ -671,6 +715,7 @@ class KeyedKernel:
         self._chosen.clear()
         self._untuned.clear()
         self._refined.clear()
+        self._variants.clear()
         self._warm.clear()
 
     def section(self, keys: Iterable[Mapping[str, Any]] | None = None) -> KernelSection:

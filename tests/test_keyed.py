@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from kernels import trust_helper
-from kernels.keyed_kernels import CONFIGS, make_keyed, scale_add, scale_add_helper
+from kernels.keyed_kernels import CONFIGS, make_keyed, scale_add, scale_add_helper, scale_add_skipping
 
 import autotuner
 from autotuner import Buckets, KeyedKernel, TableError, TuningError, load_table, record, use_table, write_table
@@ -535,3 +535,31 @@ def test_served_config_and_precompile_see_the_refinement(tmp_path):
         a, b = args(m)
         torch.testing.assert_close(kk(a, b), a * 2 + b)
     assert kk.stats["compiles"] == 2 and kk.stats["served checks"] == 2
+
+
+@pytest.mark.parametrize("how", ["does not compile", "is wrong", "sets a key parameter"])
+def test_a_refined_config_that_fails_leaves_its_keys_to_the_buckets_config(tmp_path, caplog, how):
+    bad = {"does not compile": {"block_M": 64, "block_N": "x"}, "is wrong": {"block_M": 64, "block_N": 64, "skip": 1},
+           "sets a key parameter": {"M": 64, "block_M": 64, "block_N": 64}}[how]
+    kk = make_keyed(tmp_path / "db.sqlite", fn=scale_add_skipping, refine=lambda e, b, c: bad if e["M"] < 30 else None)
+    with caplog.at_level(logging.WARNING, logger="autotuner.keyed"):
+        for m in (20, 25, 20):  # both refined to the failing config; the bucket's kernel serves them
+            a, b = args(m)
+            torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert kk.kernel_for(key(20)) is kk.kernel_for(key(40))
+    tried = {"does not compile": 2, "is wrong": 2, "sets a key parameter": 1}[how]
+    assert kk.stats["compiles"] == tried  # the failing one once, then never again
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert {"does not compile": "failed (InternalError", "is wrong": "does not match the reference",
+            "sets a key parameter": "sets key parameter(s) ['M']"}[how] in warned, warned
+
+
+def test_precompile_and_served_config_never_tune_and_one_bad_kernel_spares_the_rest(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(autotuner.AutoTuner, "plan", lambda *a, **k: pytest.fail("something was tuned"))
+    kk = make_keyed(tmp_path / "db.sqlite", tune_on_miss=True,
+                    refine=lambda e, b, c: {"block_M": 64, "block_N": "x"} if e["M"] == 20 else None)
+    assert kk.served_config(key(40)) == (CONFIGS[0], "fallback")
+    with caplog.at_level(logging.WARNING, logger="autotuner.keyed"):
+        assert kk.precompile([key(40), key(20), key(3)], jobs=2) == 2  # buckets 64 and 8; the refined one fails
+    assert "precompile: the config M=64 N=x" in caplog.text and kk.stats["compiles"] == 3
+    assert not kk._chosen  # nothing was chosen for good: the first call still tunes (tune_on_miss)

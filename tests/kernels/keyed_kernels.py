@@ -71,3 +71,17 @@ def make_keyed(db_path=None, target="c", fn=scale_add, **kwargs):
     return KeyedKernel(fn, ["M", "N", "dtype"], key_of=key_of, buckets={"M": EDGES},
                        compile_args={"out_idx": [-1], "ref_prog": ref_scale_add, "target": target},
                        tuning_args=tuning, warmup=1, rep=3, **kwargs)
+
+
+def scale_add_skipping(M, N, block_M: int = 32, block_N: int = 32, skip: int = 0, dtype: str = "float32"):
+    """scale_add that leaves its last ``skip`` rows unwritten: a config with ``skip=1`` is wrong at every M."""
+
+    @T.prim_func
+    def main(A: T.Tensor((M, N), dtype), B: T.Tensor((M, N), dtype), C: T.Tensor((M, N), dtype)):
+        with T.Kernel(T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=1) as (bx, by):
+            for i, j in T.Parallel(block_M, block_N):
+                if by * block_M + i < M - skip and bx * block_N + j < N:
+                    C[by * block_M + i, bx * block_N + j] = (A[by * block_M + i, bx * block_N + j] * 2
+                                                             + B[by * block_M + i, bx * block_N + j])
+
+    return main
