@@ -133,7 +133,9 @@ class KeyedKernel:
       fallback), or ``None`` to serve the bucket's. It must be a pure function of its arguments (every rank
       serves the same kernels from the same table) and must not time anything; a config it names is checked
       with ``validate`` at the exact key, compiled once per bucket and config (dynamic keys) and checked
-      against the reference like any served kernel. The matmul op uses it to step off a wave cliff between
+      against the reference like any served kernel; one that fails to compile or to match leaves its keys to
+      the bucket's config, and during a CUDA-graph capture an unchecked one gives way to the bucket's checked
+      kernel. The matmul op uses it to step off a wave cliff between
       two edges (``templates.matmul.op``).
     """
 
@@ -208,6 +210,7 @@ class KeyedKernel:
         self._target: Any = None
         self._lock = threading.RLock()
         self._unreadable: set[str] = set()  # tuning databases it could not read, warned about once
+        self._warned: set[tuple] = set()  # refine's warnings, once per bucket and cause
         _REGISTRY.add(self)
 
     def _fn_name(self) -> str:
@@ -292,6 +295,13 @@ class KeyedKernel:
         hit = self._compiled.get(ck)
         if hit is not None and hit[0] is served[0] and ck not in self._unchecked:
             return hit[1]
+        if served is not chosen and capturing():
+            # a refined kernel cannot be checked during a capture: the bucket's kernel, checked already (a warm-up
+            # at another M of the bucket), serves this call, and the refined one waits for a call outside it
+            base = self._compile_key(exact, b, chosen, chosen)
+            own = self._compiled.get(base)
+            if own is not None and own[0] is chosen[0] and base not in self._unchecked:
+                return own[1]
         with self._lock:
             refused = self._refused.get(ck)
             if refused is not None and refused[0] is served[0]:  # checked and found wrong: not compiled again
@@ -344,9 +354,18 @@ class KeyedKernel:
         return hit[1]
 
     def _unrefine(self, key: Mapping[str, Any], exact: dict[str, Any], chosen: tuple) -> Any:
-        """Serve the exact key with its bucket's choice from now on (its refined kernel failed)."""
+        """Serve the exact key with its bucket's choice from now on (its refined kernel failed); this call
+        was counted once already (``untuned``)."""
         self._refined[typed_key(exact.values())] = (chosen, chosen)
+        bt = typed_key(self._bucket(exact).values())
+        if chosen[1] == "fallback" and self._untuned.get(bt):
+            self._untuned[bt] -= 1
         return self.kernel_for(key)
+
+    def _warn_once(self, ident: tuple, msg: str, *args: Any) -> None:
+        if ident not in self._warned:
+            self._warned.add(ident)
+            logger.warning(msg, *args)
 
     def _compile_key(self, exact: dict[str, Any], b: dict[str, Any], chosen: tuple, served: tuple) -> tuple:
         """The compiled-kernel cache's key: the bucket's edge for dynamic keys, else the exact value; and the
@@ -361,6 +380,7 @@ class KeyedKernel:
         bt = typed_key(b.values())
         with self._lock:
             chosen = self._chosen.get(bt) or self._choose(b, tune=False)
+        self._check_beyond_edge(exact, b, chosen)  # KeyRefused: the call would not be served either
         return exact, b, chosen, self._served(exact, b, bt, chosen)
 
     def served_config(self, key: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
@@ -379,7 +399,11 @@ class KeyedKernel:
 
         todo: dict[tuple, tuple[dict[str, Any], dict[str, Any]]] = {}
         for key in keys:
-            exact, b, chosen, served = self._resolve(key)
+            try:
+                exact, b, chosen, served = self._resolve(key)
+            except KeyRefused as e:  # beyond the last edge, where its config cannot run: its calls go elsewhere
+                logger.info("%s: precompile: nothing to compile for %s: %s", self.name, dict(key), e)
+                continue
             ck = self._compile_key(exact, b, chosen, served)
             hit, refused = self._compiled.get(ck), self._refused.get(ck)
             if (hit is None or hit[0] is not served[0]) and ck not in self._warm and \
@@ -427,9 +451,9 @@ class KeyedKernel:
                     cfg = normalize_configs(functools.partial(self.fn, **exact), [want])[0]
                     reasons = as_reasons(self.validate(dict(exact), dict(cfg))) if self.validate else []
                     if reasons:
-                        logger.warning("%s: refine named %s for %s, which cannot run there (%s); serving the "
-                                       "bucket's %s config", self.name, config_label(cfg), exact,
-                                       "; ".join(reasons), chosen[1])
+                        self._warn_once((bt, "refused", config_label(cfg)), "%s: refine named %s for %s, which "
+                                        "cannot run there (%s); serving the bucket's %s config", self.name,
+                                        config_label(cfg), exact, "; ".join(reasons), chosen[1])
                     elif cfg != chosen[0]:
                         vt = (bt, config_label(cfg), chosen[1])
                         served = self._variants.get(vt)
@@ -440,8 +464,9 @@ class KeyedKernel:
                                         self.name, exact, config_label(cfg), chosen[1], config_label(chosen[0]), b)
                         self.stats["refined"] += 1
             except Exception as e:  # a faulty refine costs speed, never an answer: the bucket's config serves
-                logger.warning("%s: refine(%s, %s, ...) raised %s: %s; serving the bucket's %s config", self.name,
-                               exact, b, type(e).__name__, e, chosen[1])
+                self._warn_once((bt, "raised", type(e).__name__), "%s: refine(%s, %s, ...) raised %s: %s; serving "
+                                "the bucket's %s config (said once per bucket and error type)", self.name, exact, b,
+                                type(e).__name__, e, chosen[1])
             self._refined[et] = (chosen, served)
         return served
 

@@ -563,3 +563,28 @@ def test_precompile_and_served_config_never_tune_and_one_bad_kernel_spares_the_r
         assert kk.precompile([key(40), key(20), key(3)], jobs=2) == 2  # buckets 64 and 8; the refined one fails
     assert "precompile: the config M=64 N=x" in caplog.text and kk.stats["compiles"] == 3
     assert not kk._chosen  # nothing was chosen for good: the first call still tunes (tune_on_miss)
+
+
+def test_during_a_capture_an_unchecked_refined_kernel_gives_way_to_the_buckets_checked_one(tmp_path, monkeypatch):
+    calls = []
+    kk = make_keyed(tmp_path / "db.sqlite", refine=_refine_small_m(calls))
+    a, b = args(40)
+    own = kk.kernel_for(key(40))  # the warm-up: bucket 64's own kernel, checked
+    monkeypatch.setattr(autotuner.keyed, "capturing", lambda: True)
+    assert kk.kernel_for(key(20)) is own and kk.stats["compiles"] == 1  # nothing compiled or served unchecked
+    monkeypatch.setattr(autotuner.keyed, "capturing", lambda: False)
+    a, b = args(20)
+    torch.testing.assert_close(kk(a, b), a * 2 + b)  # outside the capture: the refined kernel, checked first
+    assert kk.kernel_for(key(20)) is not own and kk.stats["served checks"] == 2
+
+
+def test_a_failed_refinement_counts_its_untuned_call_once_and_beyond_the_edge_nothing_is_precompiled(tmp_path):
+    kk = make_keyed(tmp_path / "db.sqlite", refine=lambda e, b, c: {"block_M": 64, "block_N": "x"},
+                    validate=lambda k, c: ["a grid past the limit"] if k["M"] > 64 else [])
+    for m in (20, 25, 40):
+        a, b = args(m)
+        torch.testing.assert_close(kk(a, b), a * 2 + b)
+    assert kk.untuned() == [(key(64), 3)]
+    with pytest.raises(autotuner.KeyRefused, match="cannot run at"):
+        kk.served_config(key(100))  # beyond the last edge (64), where validate refuses the bucket's config
+    assert kk.precompile([key(100)]) == 0

@@ -16,7 +16,7 @@ Between two edges of a bucket the GEMM's tile grid can fall off a wave cliff: th
 128x256 tiles, tuned at 2048 tokens, fill 1.09 waves of an H200's SMs at 1088 tokens and run 0.54x
 cuBLAS there, where the carver's 192x192 for 1088 runs 1.00x (``benchmarks/data/wave-tail-2026-12-02-h200``).
 So (``refine=True``, the default) a call whose M is not its bucket's edge is served the carver's top-1 for
-its own M where the carver predicts the bucket's config at least ``REFINE_MIN_GAIN`` slower there
+its own M where the carver predicts the bucket's config more than ``REFINE_MIN_GAIN`` slower there
 (:meth:`MatmulOp.refine_config`): no timing, the same choice on every rank, one more kernel per bucket
 and config, checked like every served kernel.
 Tune offline with ``autotuner.record()`` and ``Recording.tune`` (docs/deploy.md). Anything the kernels
@@ -63,7 +63,7 @@ GEMM_NAME, GEMV_NAME = "tilecarve.matmul", "tilecarve.matmul.gemv"
 #: The GEMV kernel's buckets of M (tokens decoded together); above the last, the GEMM serves.
 GEMV_EDGES = (1, 2, 4, 8, GEMV_MAX_M)
 #: Inside a bucket, serve the carver's config for the call's own M only where it predicts the bucket's config
-#: at least this much slower at that M (the carver ranks configs, it does not time them: a margin above its
+#: more than this much slower at that M (the carver ranks configs, it does not time them: a margin above its
 #: error). Nine H200 cases between two edges, each predicted 1.115-1.96x (2026-12-02, wave-tail-2026-12-02-h200,
 #: inbucket/): refined, seven ran 1.09-1.84x faster, the two predicted 1.13 ran 1.03x and 0.98x.
 REFINE_MIN_GAIN = 1.10
@@ -156,13 +156,15 @@ class MatmulOp:
         """The GEMM's ``refine`` (:class:`autotuner.KeyedKernel`): the carver's top-1 for the exact M where it
         predicts the bucket's ``config`` more than ``REFINE_MIN_GAIN`` slower at that M, else None.
 
-        The margin grows by what the carver underrates the bucket's config at the edge (a tuned winner that it
-        ranks below its own top-1 there has beaten that top-1 there, measured): predictions at M of both are
-        compared, nothing is timed. The search at M (about 13 ms, once per M) runs only where the bucket's
-        config is predicted above the edge's line, the edge's time scaled by M / edge (its tiles off a whole
-        number of waves); elsewhere one prediction (under 1 ms) decides. (A bound with the margin in it,
-        skipping the search up to 1.1x the line, missed a case: at 3072 tokens the gate projection's 256x160
-        fills 8.2 waves, 9% above the line, and the carver's 192x256 for 3072 ran 1.09x faster.)"""
+        The margin is multiplied by how much slower the carver predicts the bucket's config than its own top-1
+        at the edge (a tuned winner predicted slower there has beaten that top-1 there, measured): predictions
+        at M of both are compared, nothing is timed. The search at M (13-30 ms) runs only where the bucket's
+        config is predicted above the edge's line, the larger of the two edge predictions scaled by M / edge
+        (its tiles off a whole number of waves); elsewhere one prediction (under 1 ms) decides. Variants (the
+        warp split, ws, persistent) are priced as the grid program of their tile (:func:`predicted_ms`). (A bound
+        with the margin in it, skipping the search up to 1.1x the line, missed a case: at 3072 tokens the gate
+        projection's 256x160 fills 8.2 waves, 9% above the line, and the carver's 192x256 for 3072 ran 1.09x
+        faster.)"""
         arch = self.arch()
         here, edge = self._matmul_problem(exact), self._matmul_problem(bucket)
         cfg = MatmulConfig.from_dict(config)
