@@ -135,8 +135,7 @@ class KeyedKernel:
       with ``validate`` at the exact key, compiled once per bucket and config (dynamic keys) and checked
       against the reference like any served kernel; one that fails to compile or to match leaves its keys to
       the bucket's config, and during a CUDA-graph capture an unchecked one gives way to the bucket's checked
-      kernel. The matmul op uses it to step off a wave cliff between
-      two edges (``templates.matmul.op``).
+      kernel. The matmul op uses it to step off a wave cliff between two edges (``templates.matmul.op``).
     """
 
     def __init__(self, fn: Callable[..., Any], key: Sequence[str],

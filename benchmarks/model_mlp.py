@@ -69,11 +69,12 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
     op = get_op()
     shapes = ((args.intermediate, args.hidden), (args.hidden, args.intermediate))  # gate and up; down
     keys = {t: [{"M": t, "N": n, "K": k, "dtype": "float16"} for n, k in shapes] for t in args.tokens}
+    used = mlp.used_configs(block, tuple(args.tokens))  # what serves each projection at each count
+    by_kernel: dict = {}  # the GEMV's counts and the GEMM's
+    for t in args.tokens:
+        by_kernel.setdefault(op.kernel(t), []).extend(keys[t])
     t0 = time.time()
-    for kk in {op.kernel(t) for t in args.tokens}:
-        res.setdefault("precompiled", 0)
-        res["precompiled"] += kk.precompile([k for t in args.tokens for k in keys[t] if op.kernel(t) is kk],
-                                            jobs=args.jobs)
+    res["precompiled"] = sum(kk.precompile(ks, jobs=args.jobs) for kk, ks in by_kernel.items())
     res["precompile_s"] = round(time.time() - t0, 1)
     log(f"speed: {res['precompiled']} kernels compiled in {res['precompile_s']} s")
     with torch.inference_mode():
@@ -85,8 +86,7 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
             per = time_block(ref, x, 3)
             iters[t] = max(3, min(200, int(20e3 / max(per, 1.0))))
             rows[str(t)] = {"iters": iters[t], "max_rel_err": err, "tc_us": [], "torch_us": [],
-                            "served": [[op.kernel(t).served_config(k)[1], op.kernel(t).served_config(k)[0]]
-                                       for k in keys[t]]}
+                            "served": [[used[f"{p}@{t}"][3], used[f"{p}@{t}"][2]] for p in ("gate_proj", "down_proj")]}
         for r in range(args.rounds):
             if time.time() > deadline:
                 log("speed: time limit; stopping the rounds early")

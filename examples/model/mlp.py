@@ -63,7 +63,8 @@ def make_block(hidden: int, intermediate: int, seed: int = 0) -> MLP:
 
 
 def used_configs(block: MLP, tokens: tuple[int, ...]) -> dict[str, list]:
-    """For each projection and token count: the kernel, its bucket key, the config and where it came from."""
+    """For each projection and token count: the kernel, its bucket key, the config that serves it and where it
+    came from (a table, the database, the fallback, or a refinement of one between two edges)."""
     from templates.matmul.op import get_op
 
     op, out = get_op(), {}
@@ -71,7 +72,7 @@ def used_configs(block: MLP, tokens: tuple[int, ...]) -> dict[str, list]:
         for t in tokens:
             kk = op.kernel(t)
             key = {"M": t, "N": lin.out_features, "K": lin.in_features, "dtype": "float16"}
-            config, source = kk.config_for(key)
+            config, source = kk.served_config(key)
             out[f"{name}@{t}"] = [kk.name, kk.make_key(key), config, source]
     return out
 
