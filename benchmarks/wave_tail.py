@@ -10,9 +10,9 @@ with the wave count and cuBLAS's with the work, the gap at that shape is the las
 
 Writes ``<out>/wave_tail.json`` (every round) and ``<out>/wave_tail.md``. ``--cases`` is a JSON file of
 ``[{"N": ..., "K": ..., "Ms": [...], "configs": [{...}, ...]}]`` (or one ``"config"``): every config of a case
-is compiled first (``--jobs`` at a time, checked against ``x @ W.T``), then timed with cuBLAS in the same
-rounds. The default cases are the Llama-3-8B MLP's projections at 2048 and 8192 tokens with the configs its
-tuned table picked on an H200 (2026-11-23).
+is compiled first (``--jobs`` at a time, checked against ``x @ W.T`` with C starting as poison), then timed
+with cuBLAS in the same rounds. The default cases are the Llama-3-8B MLP's projections at 2048 and 8192 tokens
+with the configs its tuned table picked on an H200 (2026-11-23).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
+    from autotuner.check import poisoned_allocations
     from templates import matmul
     from templates.matmul.config import MatmulConfig
 
@@ -95,8 +96,12 @@ def main() -> int:
             for cfg, k, _, err in compile_all(matmul.MATMUL, problem, [MatmulConfig.from_dict(c) for c in configs],
                                               args.jobs):
                 if err is None:
-                    try:
-                        torch.testing.assert_close(k(x, w).float(), ref, atol=2e-2, rtol=2e-2)
+                    try:  # C starts as poison: an element the kernel leaves unwritten cannot pass
+                        with poisoned_allocations([((M, N), x.dtype)], "cuda") as verified:
+                            out = k(x, w)
+                        if not verified([out]):
+                            raise RuntimeError("the output was not allocated from the poisoned pool")
+                        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
                         kernels[config_id(cfg.to_dict())] = (cfg.to_dict(), k)
                         continue
                     except Exception as e:  # a wrong kernel is a result, not a reason to stop

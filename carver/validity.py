@@ -49,7 +49,9 @@ __all__ = [
     "WARP_POLICIES",
     "CLUSTERS",
     "VARIANTS",
+    "PINGPONG_MAX_TILE",
     "WS_PRODUCER_THREADS",
+    "WS_VARIANTS",
     "C_ON_RING",
     "check_matmul_config",
     "cluster_shape",
@@ -74,8 +76,16 @@ KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "varian
 #: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
 WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: ``variant`` values: TileLang's ``T.Pipelined`` main loop, or the hand-scheduled warp-specialised one
-#: (``templates/matmul/ws_program.py``: TMA producer, consumers keeping one wgmma batch in flight).
-VARIANTS: tuple[str, ...] = ("pipelined", "ws")
+#: (``templates/matmul/ws_program.py``: TMA producer, consumers keeping one wgmma batch in flight), whose
+#: consumer warpgroups share each tile ("ws") or take turns on tiles of their own ("pingpong": one
+#: warpgroup's main loop runs while the other stores its C).
+VARIANTS: tuple[str, ...] = ("pipelined", "ws", "pingpong")
+#: The variants of the hand-scheduled loop (``ws_program.py``): TMA, wgmma and setmaxnreg, Hopper only.
+WS_VARIANTS: tuple[str, ...] = ("ws", "pingpong")
+#: The largest tile one ping-pong warpgroup holds: its fp32 accumulator is ``block_M * block_N / 128``
+#: registers a thread, which must leave room under the consumers' setmaxnreg budget (232) for addresses,
+#: descriptors and the epilogue (128x192: 192, no spill on sm_90a; 128x256 needs 256).
+PINGPONG_MAX_TILE = 128 * 192
 #: ``cluster`` values, CTAs along M x along N (CUTLASS's order): "1x2" pairs two N tiles that share their
 #: A tile, which one TMA multicast loads into both; "2x1" pairs two M tiles sharing B. Only ``variant="ws"``.
 CLUSTERS: tuple[str, ...] = ("1x1", "2x1", "1x2")
@@ -403,7 +413,8 @@ def explain_no_legal_config(problem: MatmulProblem, arch: GPUArch, lw: Lowering)
 #: The kernel keys that take one of a few names: the names, and what the default means.
 _STRING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "warp_policy": (WARP_POLICIES, "'square' is TileLang's default"),
-    "variant": (VARIANTS, "'pipelined' is TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop"),
+    "variant": (VARIANTS, "'pipelined' is TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop, "
+                "'pingpong' its form whose two warpgroups take turns on tiles of their own"),
     "cluster": (CLUSTERS, "CTAs along M x along N; '1x1' launches no clusters"),
 }
 
@@ -465,21 +476,47 @@ def cluster_shape(cluster: str) -> tuple[int, int]:
     return int(cm), int(cn)
 
 
-def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[str]:
-    """What the hand-scheduled warp-specialised loop (``variant="ws"``) cannot do, on any GPU."""
+def _pingpong_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """What the ping-pong form of the hand-scheduled loop cannot do: it needs its two consumer warpgroups,
+    tiles to alternate on (the persistent loop) and a tile one warpgroup's registers hold."""
     out = []
-    t, bm, stages = cfg["thread_num"], cfg["block_M"], cfg["num_stages"]
-    if t % 128 or not 128 <= t <= WS_MAX_CONSUMER_THREADS:
+    if cfg["thread_num"] != 256:
+        out.append(f"variant='pingpong' runs two consumer warpgroups that take turns on tiles of their own "
+                   f"(thread_num=256; the 128-thread producer is launched on top), got thread_num="
+                   f"{cfg['thread_num']}; use thread_num=256")
+    if not cfg["persistent"]:
+        out.append("variant='pingpong' alternates the two warpgroups over the tiles a resident CTA walks, so it "
+                   "needs persistent=n (n CTAs, e.g. the SM count), got persistent=0; use persistent=132 on an "
+                   "H100 or H200, or variant='ws'")
+    if cfg["cluster"] != "1x1":
+        out.append(f"variant='pingpong' hands out single tiles, so it takes no cluster, got "
+                   f"cluster={cfg['cluster']!r}; use cluster='1x1'")
+    if cfg["block_M"] * cfg["block_N"] > PINGPONG_MAX_TILE:
+        out.append(f"variant='pingpong' gives each warpgroup a whole {cfg['block_M']}x{cfg['block_N']} tile, whose "
+                   f"fp32 accumulator takes {cfg['block_M'] * cfg['block_N'] // 128} registers a thread, over "
+                   f"the {PINGPONG_MAX_TILE // 128} that fit beside the rest under setmaxnreg; use a tile of at "
+                   f"most {PINGPONG_MAX_TILE} elements (128x128, 128x192, 64x256) or variant='ws'")
+    return out
+
+
+def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[str]:
+    """What the hand-scheduled warp-specialised loop (``variant="ws"`` or ``"pingpong"``) cannot do, on any
+    GPU."""
+    out = []
+    t, bm, stages, v = cfg["thread_num"], cfg["block_M"], cfg["num_stages"], repr(cfg["variant"])
+    if cfg["variant"] == "pingpong":
+        out += _pingpong_problems(cfg)
+    elif t % 128 or not 128 <= t <= WS_MAX_CONSUMER_THREADS:
         out.append(f"variant='ws' runs one or two consumer warpgroups (thread_num=128 or 256; the 128-thread "
                    f"producer is launched on top), got thread_num={t}; use thread_num=256")
     if bm % 64:
-        out.append(f"variant='ws' issues wgmma, whose M is 64 rows per warpgroup: block_M must be a multiple of 64, "
+        out.append(f"variant={v} issues wgmma, whose M is 64 rows per warpgroup: block_M must be a multiple of 64, "
                    f"got {bm}; use block_M=128")
     if stages < 2:
-        out.append(f"variant='ws' keeps one wgmma batch in flight, which holds a stage while the next one computes: "
+        out.append(f"variant={v} keeps one wgmma batch in flight, which holds a stage while the next one computes: "
                    f"num_stages must be >= 2 (1 would deadlock), got {stages}; use num_stages=3 or 4")
     if cfg["split_k"] != 1:
-        out.append(f"variant='ws' does not split K, got split_k={cfg['split_k']}; use split_k=1 or "
+        out.append(f"variant={v} does not split K, got split_k={cfg['split_k']}; use split_k=1 or "
                    f"variant='pipelined'")
     cm, cn = cluster_shape(cfg["cluster"])
     if cm * cn > 1 and cfg["persistent"]:
@@ -491,7 +528,7 @@ def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[
     if problem is not None and not problem.tma_aligned:
         a = (problem.M if problem.trans_A else problem.K) * problem.in_bytes
         b = (problem.K if problem.trans_B else problem.N) * problem.in_bytes
-        out.append(f"variant='ws' loads A and B with TMA (T.tma_copy), which needs row strides that are multiples of "
+        out.append(f"variant={v} loads A and B with TMA (T.tma_copy), which needs row strides that are multiples of "
                    f"16 bytes; {problem.describe()} has A rows of {a} bytes and B rows of {b} bytes; use "
                    f"variant='pipelined' (it falls back to cp.async) or pad the operands")
     return out
@@ -510,7 +547,7 @@ def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -
         what = f"{warps // 4} warpgroups" if warps % 4 == 0 else f"{warps} warps"
         out.append(f"warp_policy='full_row' stacks the {what} along M (each warp takes whole rows), so block_M "
                    f"must be a multiple of {16 * warps}, got {cfg['block_M']}; use warp_policy='square'")
-    if cfg["variant"] == "ws":
+    if cfg["variant"] in WS_VARIANTS:
         out += _ws_problems(problem, cfg)
     elif cfg["cluster"] != "1x1":
         out.append(f"cluster={cfg['cluster']!r} needs variant='ws' (TileLang's T.Pipelined loop issues no multicast "
@@ -526,12 +563,15 @@ C_ON_RING = "tl.enable_aggressive_shared_memory_merge"
 
 
 def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any], c_on_ring: bool = False) -> int:
-    """Shared memory of the ws variant: the ring of A/B stages, C's staging tile beside it (the epilogue
-    runs inside the consumer branch, where TileLang's default planner does not alias it onto the ring) or,
-    with ``c_on_ring`` (:data:`C_ON_RING` set), within it, and the barriers."""
+    """Shared memory of the ws variants: the ring of A/B stages, C's staging tile beside it (the epilogue
+    runs inside the consumer branch, where TileLang's default planner does not alias it onto the ring; one
+    per warpgroup in ping-pong, whose two stores may overlap) or, with ``c_on_ring`` (:data:`C_ON_RING`
+    set), within it, and the barriers."""
     stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
     ring = _ceil_div(cfg["num_stages"] * stage, 1024) * 1024
     c_tile = _ceil_div(cfg["block_M"] * cfg["block_N"] * problem.out_bytes, 1024) * 1024
+    if cfg.get("variant") == "pingpong":
+        c_tile *= 2
     return (max(ring, c_tile) if c_on_ring else ring + c_tile) + 1024
 
 
@@ -540,10 +580,10 @@ def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping
     """The kernel-only keys' rules on one GPU (``cfg`` normalised, with every key): the ws variant needs
     Hopper's wgmma, TMA and setmaxnreg, and its ring plus C tile (C within the ring with ``c_on_ring``)
     must fit the GPU's shared memory."""
-    if cfg["variant"] != "ws":
+    if cfg["variant"] not in WS_VARIANTS:
         return []
     if not (arch.has_wgmma and arch.has_tma):
-        return [f"variant='ws' needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg"
+        return [f"variant={cfg['variant']!r} needs Hopper (sm_90: wgmma, TMA, mbarrier transactions, setmaxnreg"
                 f"{', clusters' if cfg['cluster'] != '1x1' else ''}); {arch.name} is sm_"
                 f"{arch.compute_capability[0]}{arch.compute_capability[1]}; use variant='pipelined'"]
     need = ws_smem_bytes(problem, cfg, c_on_ring)
@@ -555,7 +595,7 @@ def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping
         if not c_on_ring and not cfg["persistent"] and ws_smem_bytes(problem, cfg, True) <= arch.smem_per_block:
             fix += f", or pass_configs={{{C_ON_RING!r}: True}} to put C's tile on the ring"
         where = "within the ring" if c_on_ring else "beside the ring of stages"
-        return [f"variant='ws' {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
+        return [f"variant={cfg['variant']!r} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
                 f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile {where}), over "
                 f"{arch.name}'s {arch.smem_per_block} per block; {fix}"]
     return []

@@ -390,7 +390,7 @@ def test_real_carver_hints_build(shape, trans_A, trans_B):
     if not hasattr(carver, "MatmulTemplate"):
         pytest.skip("carver.MatmulTemplate is not there yet")
     t = mm.tuner(*shape, dtype="bfloat16", trans_A=trans_A, trans_B=trans_B, arch="H100", target=SM90A)
-    assert 8 <= len(t.configs) <= 16
+    assert 8 <= len(t.configs) <= 18  # the top-8 and their variants (two ping-pong configs where K <= 4096)
     for cfg in t.configs:
         assert t.validate(cfg) == [], cfg
         t.fn(**cfg)  # builds the TIR

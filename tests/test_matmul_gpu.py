@@ -1,5 +1,5 @@
 """templates.matmul on a real GPU: every layout and dtype, odd shapes, split-K, fp8 and the hand-scheduled
-Hopper loop (``variant="ws"``: clusters, persistent) against torch;
+Hopper loop (``variant="ws"``: clusters, persistent; ``"pingpong"``) against torch;
 the carver's top-1 without tuning; ``tune`` end to end, and its warm call from a new process.
 
 Run on the GPU machine: ``python3 -m pytest -m gpu tests/test_matmul_gpu.py``. The kernels of the
@@ -88,6 +88,30 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
                                                    dict(trans_B=False, out_dtype="float32"))
     CASES["ws-NT-fp8"] = (2048, 2048, 1024, dict(WS, block_K=128), dict(in_dtype="float8_e4m3",
                                                                         out_dtype="float16"))
+    # Ping-pong: two warpgroups alternate over a CTA's tiles. 13 CTAs on 128 tiles give some CTAs an even
+    # and some an odd count (the last hand-over skipped); 132 CTAs on 64 tiles leave CTAs with none and
+    # warpgroup 1 idle; K = 64 is one K step (no release inside the loop).
+    PP = dict(MID, num_stages=4, variant="pingpong", persistent=13)
+    for _layout in LAYOUTS:
+        for _dtype in DTYPES:
+            CASES[f"pingpong-{_layout}-{_dtype}-odd"] = (1000, 2000, 1000, PP, dict(
+                trans_A=LAYOUTS[_layout][0], trans_B=LAYOUTS[_layout][1], in_dtype=_dtype, out_dtype=_dtype))
+    CASES["pingpong-NT-fp16-C-unaligned"] = (4001, 4097, 1000, dict(PP, persistent=7), {})
+    CASES["pingpong-NN-bf16-fewer-tiles-than-CTAs"] = (1000, 1000, 1000, dict(PP, persistent=132), dict(
+        trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
+    CASES["pingpong-NT-fp16-one-K-step-out-fp32"] = (1000, 2000, 64, dict(PP, num_stages=2), dict(
+        out_dtype="float32"))  # two fp32 C tiles beside 2 stages: 193 KB
+    CASES["pingpong-TN-fp16-128x192-s3"] = (4000, 4096, 1000, dict(PP, block_N=192, num_stages=3,
+                                                                    persistent=132), dict(trans_A=True,
+                                                                                          trans_B=False))
+    CASES["pingpong-NT-bf16-64x256-odd"] = (1000, 4000, 2000, dict(PP, block_M=64, block_N=256), dict(
+        in_dtype="bfloat16", out_dtype="bfloat16"))
+    # the tile walk's panels (the scheduler's swizzle): narrow, wide, and wider than the grid
+    for _panel in (1, 4, 16, 64):
+        CASES[f"pingpong-NT-fp16-panel{_panel}-odd"] = (1000, 4000, 1000, dict(PP, panel_size=_panel, persistent=29),
+                                                        {})
+    CASES["pingpong-NT-fp8"] = (2048, 2048, 1024, dict(PP, block_K=128, persistent=132), dict(
+        in_dtype="float8_e4m3", out_dtype="float16"))
 
 
 def make_inputs(M, N, K, in_dtype="float16", trans_A=False, trans_B=True, seed=0):

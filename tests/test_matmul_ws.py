@@ -5,6 +5,7 @@ term proposes it. Compiled for sm_90a: tests/test_matmul_ws_nvcc.py; on a GPU: t
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 import pytest
@@ -34,13 +35,78 @@ H100, A100 = CUDA("H100"), CUDA("A100-80GB")
     (dict(cluster="1x2", persistent=132), "cluster='1x2' and persistent=132 do not combine"),
     (dict(cluster="2x1", panel_size=5), "panel_size must be a multiple of 2, got 5"),
     (dict(variant="pipelined", cluster="1x2"), "cluster='1x2' needs variant='ws'"),
-    (dict(variant="warp"), r"variant must be one of \['pipelined', 'ws'\], got 'warp'"),
+    (dict(variant="warp"), r"variant must be one of \['pipelined', 'ws', 'pingpong'\], got 'warp'"),
     (dict(cluster="2x2"), r"cluster must be one of \['1x1', '2x1', '1x2'\], got '2x2'"),
     (dict(cluster=2), "cluster must be one of"),
 ])
 def test_configs_the_ws_loop_cannot_run_are_refused_with_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         mm.kernel(4096, 4096, 4096, **{**WS, **kwargs})
+
+
+PINGPONG = dict(WS, block_N=128, num_stages=4, variant="pingpong", persistent=132)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(thread_num=128), r"variant='pingpong' runs two consumer warpgroups.*got thread_num=128; use thread_num=256"),
+    (dict(persistent=0), r"needs persistent=n .*got persistent=0; use persistent=132"),
+    (dict(block_N=256), r"whole 128x256 tile.*256 registers a thread, over the 192.*or variant='ws'"),
+    (dict(cluster="2x1"), r"variant='pingpong' hands out single tiles, so it takes no cluster"),
+    (dict(block_M=96), r"variant='pingpong' issues wgmma.*got 96"),
+    (dict(num_stages=1), r"variant='pingpong' keeps one wgmma batch in flight.*got 1"),
+    (dict(split_k=2), "variant='pingpong' does not split K"),
+])
+def test_configs_the_pingpong_loop_cannot_run_are_refused_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mm.kernel(4096, 4096, 4096, **{**PINGPONG, **kwargs})
+    mm.kernel(4096, 4096, 4096, **PINGPONG)  # the config itself is legal
+    mm.kernel(4096, 4096, 4096, **dict(PINGPONG, block_M=64, block_N=256))  # 64x256: as many registers as 128x192
+
+
+def test_pingpong_needs_hopper_tma_alignment_and_two_c_tiles_of_shared_memory():
+    p = MatmulProblem(4096, 4096, 4096)
+    full = normalize_config(PINGPONG, kernel_keys=True)[0]
+    # the ring of 4 stages of 128x128x64 fp16 (128 KB) and a C staging tile per warpgroup (2 x 32 KB)
+    assert ws_smem_bytes(p, full) == 4 * 32768 + 2 * 32768 + 1024
+    assert kernel_key_arch_problems(p, H100, full) == []
+    assert "variant='pingpong' needs Hopper" in kernel_key_arch_problems(p, A100, full)[0]
+    fp32 = MatmulProblem(4096, 4096, 4096, out_dtype="float32")  # two 64 KB C tiles: 4 stages no longer fit
+    (msg,) = kernel_key_arch_problems(fp32, H100, full)
+    assert "variant='pingpong' 128x128x64 with num_stages=4 needs 263168 bytes" in msg and "num_stages <= 3" in msg
+    with pytest.raises(ValueError, match="16 bytes.*A rows of 8194 bytes"):
+        mm.kernel(4096, 4096, 4097, **PINGPONG)
+
+
+@pytest.mark.parametrize("shape,dtypes,stages", [
+    ((4096, 4096, 1024), {}, 4),
+    ((2048, 14336, 4096), {}, 4),  # K = 4096: the limit
+    ((4096, 4096, 2000), dict(in_dtype="bfloat16", out_dtype="float32"), 3),  # two fp32 C tiles: one stage less
+])
+def test_the_candidates_hold_the_pingpong_loop_where_k_is_short(shape, dtypes, stages):
+    from templates.matmul.space import PINGPONG_MAX_K_ITERS, PINGPONG_PANELS, candidates
+
+    p = mm.make_problem(*shape, **dtypes)
+    assert math.ceil(p.K / 64) <= PINGPONG_MAX_K_ITERS
+    pps = [c for c in candidates(p, H100, 8) if c.variant == "pingpong"]
+    assert [c.panel_size for c in pps] == list(PINGPONG_PANELS) == [4, 8]
+    for pp in pps:
+        assert (pp.block_M, pp.block_N, pp.block_K, pp.num_stages, pp.thread_num, pp.persistent) == (
+            128, 128, 64, stages, 256, H100.sm_count)
+        assert pp.enable_rasterization and mm.check(p, pp, H100) == []
+
+
+@pytest.mark.parametrize("shape,dtypes,arch", [
+    ((8192, 8192, 8192), {}, H100),     # K long: TileLang's loop of 128x256 tiles was faster
+    ((1024, 1024, 1024), {}, H100),     # 64 tiles of 128x128: fewer than two a CTA
+    ((4096, 4096, 1024), {}, A100),     # no wgmma
+    ((4096, 4096, 1004), {}, H100),     # TMA: A rows of 2008 bytes
+    ((4096, 4096, 1024), dict(in_dtype="float8_e4m3"), H100),  # 8-bit: not measured
+])
+def test_the_candidates_leave_the_pingpong_loop_out_elsewhere(shape, dtypes, arch):
+    from templates.matmul.space import candidates
+
+    p = mm.make_problem(*shape, **dtypes)
+    assert not [c for c in candidates(p, arch, 8) if c.variant == "pingpong"]
 
 
 @pytest.mark.parametrize("shape,layout,what", [

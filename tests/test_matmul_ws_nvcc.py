@@ -156,3 +156,59 @@ def test_c_on_the_ring_reaches_the_compiler_and_frees_a_stage(extra, sm90a):
     need = ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs(), c_on_ring=True)
     assert f"(int64_t){need - 1024})" in jit.get_host_source()
     assert src.count("wait_wgmma<1>") == 1
+
+
+PINGPONG = dict(ONE_WG, thread_num=256, enable_rasterization=True, variant="pingpong", persistent=132)
+PINGPONG_CASES = {
+    # name: (M, N, K, config, kernel keyword arguments)
+    "NT-fp16-4096-128x128-s4": (4096, 4096, 4096, PINGPONG, {}),
+    "TN-bf16-odd-128x192-s3": (1000, 4000, 1000, dict(PINGPONG, block_N=192, num_stages=3, persistent=13),
+                               dict(trans_A=True, trans_B=False, **BF16)),
+    "NT-fp16-odd-64x256-C-unaligned": (1000, 4001, 2000, dict(PINGPONG, block_M=64, block_N=256, persistent=13),
+                                       {}),
+}
+
+
+@pytest.mark.parametrize("name", list(PINGPONG_CASES))
+def test_pingpong_compiles_for_sm90a_with_two_warpgroups_taking_turns(name, sm90a, monkeypatch):
+    """``variant="pingpong"``: each consumer warpgroup runs a whole tile's main loop on its own (one wgmma of
+    the tile's width per 64 rows, over its 128 threads), in turns handed over by two named barriers, and
+    stores through its own staging tile; ptxas neither spills nor serialises."""
+    M, N, K, cfg, kw = PINGPONG_CASES[name]
+    problem = mm.make_problem(M, N, K, **kw)
+    jit, ptxas = compile_with_ptxas_log(mm.kernel(M, N, K, **cfg, **kw), sm90a, monkeypatch)
+    src = jit.get_kernel_source()
+    assert "__launch_bounds__(384, 1)" in src
+    assert src.count("warpgroup_reg_dealloc<40>()") == 1 and src.count("warpgroup_reg_alloc<232>()") == 2
+    producer, wg0, wg1 = src.split("warpgroup_reg_dealloc<40>()")[1].split("warpgroup_reg_alloc<232>()")
+    assert "wgmma" not in producer and "tma_load(A_desc" in producer and "tma_load(B_desc" in producer
+    assert "empty[0].init(4);" in src  # a stage is released by the 4 warps of the warpgroup that read it
+    bm, bn = cfg["block_M"], cfg["block_N"]
+    for wg, (wait, give) in ((wg0, (8, 9)), (wg1, (9, 8))):
+        # its turn: wait for the other warpgroup's hand-over, run the main loop, hand over, then store
+        loop = wg[:wg.index("wait_wgmma<0>")]
+        assert f"__sync_thread_partial({wait}, 256)" in loop and f"__named_barrier_arrive({give}, 256)" in loop
+        assert loop.index(f"__sync_thread_partial({wait}, 256)") < loop.index("wgmma_ss<")
+        assert loop.index("wait_wgmma<1>") < loop.index(f"__named_barrier_arrive({give}, 256)")
+        # one warpgroup's wgmma spans the tile's width: m64nN with N = block_N, block_M / 64 of them a k16 step
+        assert re.search(rf"wgmma_ss<[^>]*, 64, {bn}, (16|8), ", loop), f"{name}: not m64n{bn}"
+        assert "tma_load" not in wg
+    assert src.count("wait_wgmma<1>") == 2
+    c_aligned = N * problem.out_bytes % 16 == 0
+    assert src.count("tma_store(C_desc") == (2 if c_aligned else 0)
+    assert "0 bytes spill stores, 0 bytes spill loads" in ptxas and "serialized" not in ptxas, ptxas[-600:]
+    need = ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs())  # the ring and two C tiles
+    assert need == ((cfg["num_stages"] * (bm + bn) * 64 * 2 + 1023) // 1024 + 2 * (bm * bn * 2 // 1024)) * 1024 + 1024
+    assert f"(int64_t){need - 1024})" in jit.get_host_source(), f"{name}: dynamic smem is not {need - 1024}"
+
+
+def test_pingpong_compiles_with_a_symbolic_m(sm90a):
+    """The op's one kernel per bucket of M: the ping-pong loop with M symbolic."""
+    import tilelang
+    import tilelang.language as T
+
+    from templates.matmul import op as mop
+
+    k = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **PINGPONG), out_idx=[-1], target=sm90a)
+    src = k.get_kernel_source()
+    assert "int M" in src and src.count("wait_wgmma<1>") == 2 and src.count("__named_barrier_arrive(") == 2

@@ -31,7 +31,7 @@ import math
 from typing import TYPE_CHECKING
 
 from autotuner import scratch
-from carver.validity import require_matmul_config
+from carver.validity import WS_VARIANTS, require_matmul_config
 
 from .config import CONFIG_KEYS, MatmulConfig, MatmulProblem, k_per_split, make_problem
 from .ws_program import ws_program
@@ -60,7 +60,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
     # The carver's rules no GPU escapes, for this problem, before any TIR is built (the config's own
     # values were checked when it was made, the problem's when it was).
     require_matmul_config(problem, config.kernel_kwargs(), kernel_keys=True)
-    if config.variant == "ws":
+    if config.variant in WS_VARIANTS:
         return ws_program(problem, config, M_var)
     M, N, K, trans_A, trans_B = problem.M, problem.N, problem.K, problem.trans_A, problem.trans_B
     if M_var is not None:

@@ -46,6 +46,7 @@ __all__ = [
     "hopper_variants",
     "predicted_ms",
     "hopper_variants_for",
+    "pingpong_variants_for",
     "space",
     "split_k_candidates",
     "split_k_variants",
@@ -332,6 +333,47 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     return [c for _, c in sorted(out, key=lambda t: t[0])]
 
 
+#: The ping-pong form (:func:`pingpong_variants_for`) is proposed up to this many K tiles of 64 ...
+PINGPONG_MAX_K_ITERS = 64
+#: ... and where its 128x128 tiles give every resident CTA at least this many tiles to alternate on,
+PINGPONG_MIN_TILES_PER_CTA = 2
+#: with each of these rasterization panels (tile columns a panel of the persistent walk spans).
+PINGPONG_PANELS = (4, 8)
+
+
+def pingpong_variants_for(problem: MatmulProblem, arch: GPUArch) -> list[MatmulConfig]:
+    """The ping-pong form of the hand-scheduled loop (``variant="pingpong"``: each of two consumer warpgroups
+    runs a whole 128x128 tile's main loop while the other stores its C), 4 stages, one resident CTA per SM,
+    walking the tiles in panels of 4 and of 8 columns, where K is at most :data:`PINGPONG_MAX_K_ITERS` K tiles
+    and there are tiles enough to alternate.
+
+    The evidence (one H200, 2026-12-02, ``benchmarks/wave_tail.py`` in interleaved rounds with cuBLAS and
+    TileLang's loop of the 128x256 tile the tuned tables pick; ``benchmarks/data/pingpong-2026-12-02-h200``):
+
+    * short and middling K, where a tile's epilogue is a larger share of it: over TileLang's loop
+      1.04-1.05x at 4096x4096x1024 and x2048, 1.14x at 4096x14336x2048, 1.06x at 2048x14336x4096, 1.04x at
+      4096^3, where it ran 1.01-1.05x the time cuBLAS took;
+    * long K, where its 128x128 tile's extra shared-memory reads per FLOP tell: 0.96x at 8192x4096x14336,
+      0.97x at 8192^3, 1.0x at 2048x4096x14336; so K above 4096 gets none;
+    * the panel moves it by up to 7% (2-16 measured), with no one width best everywhere: 4 and 8 were within
+      2% of the best on every shape above.
+
+    The carver does not model it (it ranks the grid's program): this is a rule for what the autotuner
+    measures, 16-bit inputs only (what was measured), with the stages cut until C's two staging tiles fit
+    beside the ring (not below 2)."""
+    if not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned or problem.in_bytes != 2:
+        return []
+    base = MatmulConfig(block_M=128, block_N=128, block_K=64, num_stages=4, thread_num=256,
+                        enable_rasterization=True, variant="pingpong", persistent=arch.sm_count)
+    if (math.ceil(problem.K / base.block_K) > PINGPONG_MAX_K_ITERS
+            or _tiles(problem, base) < PINGPONG_MIN_TILES_PER_CTA * arch.sm_count):
+        return []
+    while base.num_stages > 2 and ws_smem_bytes(problem, base.kernel_kwargs()) > arch.smem_per_block:
+        base = dataclasses.replace(base, num_stages=base.num_stages - 1)
+    out = [dataclasses.replace(base, panel_size=p) for p in PINGPONG_PANELS]
+    return [c for c in out if not check(problem, c, arch)]
+
+
 #: How deep in the carver's ranking :func:`row_tile_hedge` looks.
 ROW_HEDGE_DEPTH = 32
 
@@ -354,8 +396,8 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     (:func:`row_tile_hedge`), then (with ``split_k``) split-K variants
     of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
     the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
-    carver's ws term predicts it pays, the hand-scheduled loop). The first config is always the carver's
-    top-1."""
+    carver's ws term predicts it pays, the hand-scheduled loop), and the ping-pong loop where K is short
+    (:func:`pingpong_variants_for`). The first config is always the carver's top-1."""
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
     topk = positive_int(topk, "topk")  # checked here: the ranking below asks for at least ROW_HEDGE_DEPTH
@@ -368,6 +410,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     if variants and arch.has_wgmma:
         out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
         out += [c for c in ws_variants_for(problem, hints, arch) if c not in out]
+        out += [c for c in pingpong_variants_for(problem, arch) if c not in out]
     return out
 
 

@@ -24,6 +24,13 @@ What TileLang's automatic pipeline does not do, and this program does:
   across tiles, so the producer loads the next tile while the consumers store this one, and C leaves by a
   TMA store that is waited for only before the next tile's C overwrites the staging buffer.
 
+* **Ping-pong** (``variant="pingpong"``, persistent, two consumer warpgroups): the warpgroups take the CTA's
+  tiles in turn (warpgroup 0 the even ones, 1 the odd ones), each with a whole ``block_M x block_N`` accumulator
+  and staging tile of its own, and hand the tensor cores to each other through two named barriers
+  (:data:`PINGPONG_TURNS`): one's epilogue runs under the other's main loop. The ring is the persistent form's,
+  in tile order; a warpgroup waits on its tile's stages only after the other has passed every full barrier of
+  the tile before, so no parity wait runs a phase ahead. A stage's empty barrier counts one warpgroup's warps.
+
 Tails need no code: TMA loads zero-fill past the tensor's edge (and still count the whole box towards the
 barrier's transaction bytes) and TMA stores skip what lies past it. TMA needs 16-byte row strides for A and
 B; ``carver.validity`` refuses the variant otherwise, and where C's rows are not 16-byte aligned the C store
@@ -51,11 +58,13 @@ from .config import MatmulConfig, MatmulProblem
 if TYPE_CHECKING:  # heavy imports stay lazy (STYLE.md 2)
     from tvm.tirx import PrimFunc, Var
 
-__all__ = ["CONSUMER_REGS", "PRODUCER_REGS", "ws_program"]
+__all__ = ["CONSUMER_REGS", "PINGPONG_TURNS", "PRODUCER_REGS", "ws_program"]
 
 #: setmaxnreg budgets: the producer only issues TMA; the consumers hold the accumulator.
 PRODUCER_REGS = 40
 CONSUMER_REGS = {1: 240, 2: 232}  # per consumer warpgroup count: 128*40 + 256*232 <= 64K registers
+#: Named barrier ids of the ping-pong consumers' turns, clear of the ids TileLang takes for its own syncs.
+PINGPONG_TURNS = (8, 9)
 
 
 def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = None) -> "PrimFunc":
@@ -71,7 +80,8 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
     policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
               "full_col": T.GemmWarpPolicy.FullCol}[config.warp_policy]
     ct = config.thread_num  # consumer threads; the producer warpgroup comes on top
-    cwarps = ct // 32
+    pingpong = config.variant == "pingpong"
+    cwarps = 4 if pingpong else ct // 32  # the warps that release one stage: one warpgroup's in ping-pong
     creg = CONSUMER_REGS[ct // 128]
     cm, cn = cluster_shape(config.cluster)
     csize = cm * cn
@@ -132,6 +142,86 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
             T.ceildiv(m_tiles * n_tiles, persistent)
         swizzle = config.panel_size if config.enable_rasterization else 1
 
+    @T.macro
+    def mainloop(A_s, B_s, C_local, full, empty, base, tx):
+        """Consumers: every K step of one tile, from ring iteration ``base``; returns with the last batch in flight."""
+        T.clear(C_local)
+        for ko in T.serial(k_tiles):
+            mma(A_s, B_s, C_local, full, empty, base + ko, ko, tx)
+
+    @T.macro
+    def epilogue(C, C_local, C_s, empty, last, tm, tn, tx):
+        """Consumers: drain the last batch, release its stage, and store C (by TMA, waited for only before the
+        next tile's C overwrites the staging tile)."""
+        T.wait_wgmma(0)
+        release(empty, last, tx)  # the ring runs on into the next tile
+        if tma_store:
+            T.tma_store_wait(0)  # the previous tile's store has read C_s
+            T.copy(C_local, C_s)
+            T.tma_copy(C_s, C[tm * bM:(tm + 1) * bM, tn * bN:(tn + 1) * bN])
+        else:
+            T.copy(C_local, C_s)
+            T.copy(C_s, C[tm * bM, tn * bN])
+
+    @T.macro
+    def walk_loads(A, B, A_s, B_s, full, empty, sched, cta):
+        """The persistent forms' producer: every K step of this CTA's tiles (w * persistent + cta), in turn."""
+        T.set_max_nreg(PRODUCER_REGS, 0)
+        for w in T.serial(waves):
+            tm, tn = sched.coord(w * persistent + cta)
+            if tm < m_tiles and tn < n_tiles:
+                for ko in T.serial(k_tiles):
+                    load(A, B, A_s, B_s, full, empty, w * k_tiles + ko, ko, tm, tn)
+
+    if pingpong:
+        turn0, turn1 = PINGPONG_TURNS
+        tiles = m_tiles * n_tiles
+
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(persistent, threads=ct + WS_PRODUCER_THREADS) as (cta,):
+                A_s = T.alloc_shared(A_ring, in_dtype)
+                B_s = T.alloc_shared(B_ring, in_dtype)
+                full = T.alloc_barrier([WS_PRODUCER_THREADS] * S)
+                empty = T.alloc_barrier([cwarps] * S)  # a stage's reader: one warpgroup, 4 warps
+                C0 = T.alloc_fragment((bM, bN), accum_dtype)  # warpgroup 0's tile
+                C1 = T.alloc_fragment((bM, bN), accum_dtype)  # warpgroup 1's
+                C_s0 = T.alloc_shared((bM, bN), out_dtype)  # and their staging tiles: two stores may overlap
+                C_s1 = T.alloc_shared((bM, bN), out_dtype)
+                sched = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=persistent, swizzle_size=swizzle,
+                                                  stateful=False)
+                tx = T.get_thread_binding()
+                if tx >= ct:  # the producer warpgroup: this CTA's tiles in turn, as in the persistent form
+                    walk_loads(A, B, A_s, B_s, full, empty, sched, cta)
+                elif tx < 128:  # warpgroup 0: the CTA's even tiles
+                    T.set_max_nreg(creg, 1)
+                    for h in T.serial(T.ceildiv(waves, 2)):
+                        if 2 * h * persistent + cta < tiles:
+                            tm, tn = sched.coord(2 * h * persistent + cta)
+                            if h > 0:
+                                T.sync_threads(turn0, 256)  # warpgroup 1 has issued its tile's last batch
+                            mainloop(A_s, B_s, C0, full, empty, 2 * h * k_tiles, tx)
+                            if (2 * h + 1) * persistent + cta < tiles:
+                                T.named_barrier_arrive(turn1, 256)  # the tensor cores to warpgroup 1
+                            epilogue(C, C0, C_s0, empty, 2 * h * k_tiles + k_tiles - 1, tm, tn, tx)
+                    T.tma_store_wait(0)
+                else:  # warpgroup 1: the odd tiles
+                    T.set_max_nreg(creg, 1)
+                    for h in T.serial(waves // 2):
+                        if (2 * h + 1) * persistent + cta < tiles:
+                            tm, tn = sched.coord((2 * h + 1) * persistent + cta)
+                            T.sync_threads(turn1, 256)
+                            mainloop(A_s, B_s, C1, full, empty, (2 * h + 1) * k_tiles, tx)
+                            if (2 * h + 2) * persistent + cta < tiles:
+                                T.named_barrier_arrive(turn0, 256)
+                            epilogue(C, C1, C_s1, empty, (2 * h + 1) * k_tiles + k_tiles - 1, tm, tn, tx)
+                    T.tma_store_wait(0)
+
+        return main
+
+    if persistent:
+
         @T.prim_func
         def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
                  C: T.Tensor((M, N), out_dtype)):
@@ -146,29 +236,14 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                                                   stateful=False)
                 tx = T.get_thread_binding()
                 if tx >= ct:  # the producer warpgroup
-                    T.set_max_nreg(PRODUCER_REGS, 0)
-                    for w in T.serial(waves):
-                        tm, tn = sched.coord(w * persistent + cta)
-                        if tm < m_tiles and tn < n_tiles:
-                            for ko in T.serial(k_tiles):
-                                load(A, B, A_s, B_s, full, empty, w * k_tiles + ko, ko, tm, tn)
+                    walk_loads(A, B, A_s, B_s, full, empty, sched, cta)
                 else:  # the consumer warpgroups
                     T.set_max_nreg(creg, 1)
                     for w in T.serial(waves):
                         tm, tn = sched.coord(w * persistent + cta)
                         if tm < m_tiles and tn < n_tiles:
-                            T.clear(C_local)
-                            for ko in T.serial(k_tiles):
-                                mma(A_s, B_s, C_local, full, empty, w * k_tiles + ko, ko, tx)
-                            T.wait_wgmma(0)
-                            release(empty, w * k_tiles + k_tiles - 1, tx)  # the ring runs on into the next tile
-                            if tma_store:
-                                T.tma_store_wait(0)  # the previous tile's store has read C_s
-                                T.copy(C_local, C_s)
-                                T.tma_copy(C_s, C[tm * bM:(tm + 1) * bM, tn * bN:(tn + 1) * bN])
-                            else:
-                                T.copy(C_local, C_s)
-                                T.copy(C_s, C[tm * bM, tn * bN])
+                            mainloop(A_s, B_s, C_local, full, empty, w * k_tiles, tx)
+                            epilogue(C, C_local, C_s, empty, w * k_tiles + k_tiles - 1, tm, tn, tx)
                     T.tma_store_wait(0)
 
         return main
