@@ -53,6 +53,7 @@ __all__ = [
     "WS_PRODUCER_THREADS",
     "WS_VARIANTS",
     "C_ON_RING",
+    "GRID_SMEM_MARK",
     "check_matmul_config",
     "cluster_shape",
     "explain_no_legal_config",
@@ -342,12 +343,17 @@ def _msg_partition(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
             f"{8 * max(1, t // a.warp_size // 4)}")
 
 
+#: What the grid program's shared-memory message says (:func:`_msg_smem`), so that a caller judging a ws
+#: variant, whose own rule counts its ring and C tiles exactly (:func:`ws_smem_bytes`), can leave it out.
+GRID_SMEM_MARK = "bytes of shared memory, over"
+
+
 def _msg_smem(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
     s = int(lw.cfg.num_stages[i])
     fit = _max_stages(p, a, lw, i)
     fix = (f"use num_stages <= {fit}" if fit >= 1 else "use a smaller block_K or tile")
-    return (f"{_cfg_str(lw.cfg, i)} with num_stages={s} needs {int(lw.smem_bytes[i])} bytes of shared memory, "
-            f"over {a.name}'s {a.smem_per_block} per block (it compiles, then fails to launch); {fix}")
+    return (f"{_cfg_str(lw.cfg, i)} with num_stages={s} needs {int(lw.smem_bytes[i])} {GRID_SMEM_MARK} "
+            f"{a.name}'s {a.smem_per_block} per block (it compiles, then fails to launch); {fix}")
 
 
 def _msg_regs(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
@@ -542,7 +548,9 @@ def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -
     if persistent and split_k != 1:
         out.append(f"persistent={persistent} and split_k={split_k} do not combine; set one of them (persistent=0 "
                    f"or split_k=1)")
-    warps = cfg["thread_num"] // WARP_SIZE
+    # the warps one T.gemm spreads over: the block's, or one warpgroup's in ping-pong (each has its own tile,
+    # and wgmma's 64-row instructions give its 4 warps whole rows whatever the policy)
+    warps = 4 if cfg["variant"] == "pingpong" else cfg["thread_num"] // WARP_SIZE
     if cfg["warp_policy"] == "full_row" and cfg["block_M"] % (16 * warps):
         what = f"{warps // 4} warpgroups" if warps % 4 == 0 else f"{warps} warps"
         out.append(f"warp_policy='full_row' stacks the {what} along M (each warp takes whole rows), so block_M "
@@ -595,8 +603,9 @@ def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping
         if not c_on_ring and not cfg["persistent"] and ws_smem_bytes(problem, cfg, True) <= arch.smem_per_block:
             fix += f", or pass_configs={{{C_ON_RING!r}: True}} to put C's tile on the ring"
         where = "within the ring" if c_on_ring else "beside the ring of stages"
+        tiles = "its two C tiles, one a warpgroup," if cfg["variant"] == "pingpong" else "its C tile"
         return [f"variant={cfg['variant']!r} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
-                f"{cfg['num_stages']} needs {need} bytes of shared memory (its C tile {where}), over "
+                f"{cfg['num_stages']} needs {need} bytes of shared memory ({tiles} {where}), over "
                 f"{arch.name}'s {arch.smem_per_block} per block; {fix}"]
     return []
 

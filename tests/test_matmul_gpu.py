@@ -178,6 +178,27 @@ def test_correct_against_torch(name, compiled):
         assert torch.equal(C, C2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="the ping-pong loop needs Hopper")
+def test_pingpong_with_a_symbolic_m_is_right_at_every_m():
+    """One ping-pong kernel with M symbolic, as the op compiles one per bucket of M (templates/matmul/op.py),
+    run at Ms whose 128x128 tiles give the 132 CTAs none or one (M = 1, 100), one or two (1000), four or five
+    (2049: odd and even counts a CTA) and seven or eight (4096)."""
+    import tilelang
+    import tilelang.language as T
+
+    from templates.matmul import op as mop
+
+    cfg = dict(MID, num_stages=4, variant="pingpong", persistent=132)
+    jit = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg), target="cuda")
+    for M in (1, 100, 1000, 2049, 4096):
+        A, B, ref = make_inputs(M, 4096, 4096)
+        C = torch.full((M, 4096), float("nan"), device="cuda", dtype=torch.float16)
+        jit(A, B, C)
+        torch.cuda.synchronize()
+        assert_matches(C, ref, "float16")
+
+
 @pytest.mark.parametrize("M,N,K,dtype,trans_A,trans_B", [
     (2048, 2048, 2048, "float16", False, True),
     (4000, 4097, 1000, "bfloat16", True, False),

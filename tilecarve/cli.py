@@ -362,7 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              f"{known}")
         if name == "matmul":
             f.add_argument("--no-split-k", action="store_true", help="no split-K variants for few-wave shapes")
-            f.add_argument("--no-variants", action="store_true", help="no Hopper variants (full_row, persistent, ws)")
+            f.add_argument("--no-variants", action="store_true",
+                           help="no Hopper variants (full_row, persistent, ws, pingpong)")
         f.set_defaults(no_split_k=False, no_variants=False, func=cmd_tune, prog=f.prog)
         f.add_argument("--warmup", type=warmup_calls, default=3, help="calls before timing, 0 or more (default 3)")
         f.add_argument("--rep", type=calls, default=20, help="timed calls per candidate, 1 or more (default 20)")

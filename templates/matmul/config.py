@@ -152,7 +152,7 @@ class MatmulConfig(TemplateConfig):
     split_k: int = CARVER_OPTIONAL_KEYS["split_k"]  # K split over this many CTAs per tile, summed by a 2nd kernel
     warp_policy: str = KERNEL_KEYS["warp_policy"]  # "square", "full_row" or "full_col"
     persistent: int = KERNEL_KEYS["persistent"]  # n resident CTAs walking the tiles; 0: one CTA per tile
-    variant: str = KERNEL_KEYS["variant"]  # "pipelined" (T.Pipelined) or "ws" (hand-scheduled, ws_program.py)
+    variant: str = KERNEL_KEYS["variant"]  # "pipelined" (T.Pipelined), "ws" or "pingpong" (ws_program.py)
     cluster: str = KERNEL_KEYS["cluster"]  # ws only: "1x1", "2x1" (multicast B) or "1x2" (multicast A)
 
     @classmethod

@@ -22,7 +22,8 @@ them on Hopper): ``warp_policy="full_row"`` gives each warpgroup whole rows of t
 wgmma rather than two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk the
 tiles, so the producer warpgroup loads the next tile while the consumers store this one.
 
-``variant="ws"`` is a different program, with its main loop scheduled by hand (``ws_program.py``).
+``variant="ws"`` and ``"pingpong"`` are a different program, with the main loop scheduled by hand
+(``ws_program.py``).
 """
 
 # No `from __future__ import annotations` here: TileLang reads the T.prim_func's annotations (shapes

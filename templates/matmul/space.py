@@ -17,7 +17,15 @@ from typing import Any
 
 from carver.arch import CUDA, GPUArch
 from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
-from carver.validity import C_ON_RING, check_matmul_config, kernel_key_arch_problems, split_k_limit, ws_smem_bytes
+from carver.validity import (
+    C_ON_RING,
+    GRID_SMEM_MARK,
+    WS_VARIANTS,
+    check_matmul_config,
+    kernel_key_arch_problems,
+    split_k_limit,
+    ws_smem_bytes,
+)
 from carver.ws_model import WS_CONSTANTS, WSConstants, predict_pipelined_us, predict_ws_us
 
 from .config import (
@@ -147,10 +155,13 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     full = {**EXTRA_DEFAULTS, **cfg}
     problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS}))
     arch = getattr(tmpl, "arch", None)
-    if isinstance(arch, GPUArch):  # the ws variant's own rules on this GPU (its C tile, Hopper only)
-        problems += kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY},
-                                             c_on_ring=_c_on_ring(cfg))
-    separate_c = "" if full["variant"] == "ws" else "persistent" if full["persistent"] else (
+    if isinstance(arch, GPUArch):  # the ws variants' own rules on this GPU (their C tiles, Hopper only)
+        ws = kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY},
+                                      c_on_ring=_c_on_ring(cfg))
+        if ws and full["variant"] in WS_VARIANTS:  # its shared memory is the ws rule's to count, and to fix
+            problems = [m for m in problems if GRID_SMEM_MARK not in m]
+        problems += ws
+    separate_c = "" if full["variant"] in WS_VARIANTS else "persistent" if full["persistent"] else (
         "role-based warp-specialised" if (cfg.get(PASS_CONFIGS_KEY) or {}).get(AUTO_WS) else "")
     if separate_c:
         need = separate_c_smem_bytes(full, problem.in_dtype, problem.out_dtype)
@@ -344,23 +355,25 @@ PINGPONG_PANELS = (4, 8)
 def pingpong_variants_for(problem: MatmulProblem, arch: GPUArch) -> list[MatmulConfig]:
     """The ping-pong form of the hand-scheduled loop (``variant="pingpong"``: each of two consumer warpgroups
     runs a whole 128x128 tile's main loop while the other stores its C), 4 stages, one resident CTA per SM,
-    walking the tiles in panels of 4 and of 8 columns, where K is at most :data:`PINGPONG_MAX_K_ITERS` K tiles
-    and there are tiles enough to alternate.
+    walking the tiles in panels of 4 and of 8 columns, where K is at most :data:`PINGPONG_MAX_K_ITERS` K tiles,
+    there are tiles enough to alternate and 4 stages fit beside the two C tiles.
 
     The evidence (one H200, 2026-12-02, ``benchmarks/wave_tail.py`` in interleaved rounds with cuBLAS and
     TileLang's loop of the 128x256 tile the tuned tables pick; ``benchmarks/data/pingpong-2026-12-02-h200``):
 
-    * short and middling K, where a tile's epilogue is a larger share of it: over TileLang's loop
-      1.04-1.05x at 4096x4096x1024 and x2048, 1.14x at 4096x14336x2048, 1.06x at 2048x14336x4096, 1.04x at
-      4096^3, where it ran 1.01-1.05x the time cuBLAS took;
+    * short and middling K, where a tile's epilogue is a larger share of it: over TileLang's loop 1.04-1.05x
+      at 4096x4096x1024 and x2048, 1.14x at 4096x14336x2048, 1.06x at 2048x14336x4096 and 1.04x at 4096^3,
+      faster than cuBLAS on those last three (cuBLAS's time over ours 1.01-1.05); but 0.99x at 4096^3 in
+      another call, and at 8192x14336x4096 the better of panels 4 and 8 was 0.99x;
     * long K, where its 128x128 tile's extra shared-memory reads per FLOP tell: 0.96x at 8192x4096x14336,
-      0.97x at 8192^3, 1.0x at 2048x4096x14336; so K above 4096 gets none;
-    * the panel moves it by up to 7% (2-16 measured), with no one width best everywhere: 4 and 8 were within
-      2% of the best on every shape above.
+      0.97x at 8192^3, 1.0x at 2048x4096x14336 (one call each); so K above 4096 gets none;
+    * the panel moves it by up to 12% (2-16 measured), with no one width best everywhere; the better of 4
+      and 8 was within 2% of the best on each of seven shapes; 3 stages ran 0.73-0.88x cuBLAS and 2 stages
+      0.41-0.53x, so none is proposed with fewer than 4.
 
-    The carver does not model it (it ranks the grid's program): this is a rule for what the autotuner
-    measures, 16-bit inputs only (what was measured), with the stages cut until C's two staging tiles fit
-    beside the ring (not below 2)."""
+    The same config moved up to 10% between two calls, more than some of these margins: the tuner measures,
+    and this rule only decides what it measures. The carver does not model the form (it ranks the grid's
+    program). 16-bit inputs only (what was measured)."""
     if not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned or problem.in_bytes != 2:
         return []
     base = MatmulConfig(block_M=128, block_N=128, block_K=64, num_stages=4, thread_num=256,
@@ -368,10 +381,8 @@ def pingpong_variants_for(problem: MatmulProblem, arch: GPUArch) -> list[MatmulC
     if (math.ceil(problem.K / base.block_K) > PINGPONG_MAX_K_ITERS
             or _tiles(problem, base) < PINGPONG_MIN_TILES_PER_CTA * arch.sm_count):
         return []
-    while base.num_stages > 2 and ws_smem_bytes(problem, base.kernel_kwargs()) > arch.smem_per_block:
-        base = dataclasses.replace(base, num_stages=base.num_stages - 1)
     out = [dataclasses.replace(base, panel_size=p) for p in PINGPONG_PANELS]
-    return [c for c in out if not check(problem, c, arch)]
+    return [c for c in out if not check(problem, c, arch)]  # fp32 C: two 64 KB tiles, 4 stages no longer fit
 
 
 #: How deep in the carver's ranking :func:`row_tile_hedge` looks.
