@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from attention import Bench, label, parse_shape  # noqa: E402
 from attention_race import profile_calls  # noqa: E402
-from benchlib import compile_all, dump, error_text, log, mismatches  # noqa: E402
+from benchlib import compile_all, dump, error_text, log, mismatches, poisoned_call  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def run_shape(b: Bench, shape: tuple, configs: dict[str, Any], variants: dict[st
             checks[item.name] = {"correct": False, "error": err}
             continue
         try:
-            bad = mismatches(kern(q, k, v), ref)
+            bad = mismatches(poisoned_call(kern, (q, k, v)), ref)
         except Exception as e:  # e.g. more shared memory than the GPU has
             checks[item.name] = {"correct": False, "error": error_text(e)}
             torch.cuda.synchronize()

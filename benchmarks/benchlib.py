@@ -50,6 +50,24 @@ def mismatches(out: Any, ref: Any, atol: float = 1e-2, rtol: float = 1e-2) -> in
     return int((~torch.isclose(out.float(), ref.float(), atol=atol, rtol=rtol)).sum())
 
 
+def poisoned_call(kernel: Any, inputs: Sequence[Any]) -> Any:
+    """``kernel(*inputs)`` for a check, its output starting as poison (:func:`autotuner.check.poisoned_allocations`):
+    ``torch.empty`` hands back memory as it was freed, and memory that held a previous kernel's right answer would
+    let a kernel that leaves elements unwritten pass. A first call finds the outputs' shapes and dtypes (one tensor,
+    or a tuple of them); the second, whose outputs are returned, allocates them from the poisoned pool (a
+    RuntimeError if it did not: on a GPU every allocation inside comes from it, on the CPU only ``torch.empty``'s)."""
+    from autotuner.check import poisoned_allocations
+
+    first = kernel(*inputs)
+    many = isinstance(first, (tuple, list))
+    firsts = list(first) if many else [first]
+    with poisoned_allocations([(tuple(o.shape), o.dtype) for o in firsts], firsts[0].device.type) as verified:
+        out = kernel(*inputs)
+    if not verified(list(out) if many else [out]):
+        raise RuntimeError("the check's output was not allocated from the poisoned pool, so it proves nothing")
+    return out
+
+
 def compile_all(family: Any, problem: Any, configs: Sequence[Any], jobs: int, out_idx: Sequence[int] = (-1,),
                 build: Callable[[Any], Any] | None = None) -> list[tuple[Any, Any, float, str | None]]:
     """``(config, kernel or None, compile seconds, error or None)`` for each config (with its own pass
@@ -103,7 +121,7 @@ def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: S
                                "correct": None}
         if k is not None and clock.left() > 5:
             try:
-                out = k(*inputs)
+                out = poisoned_call(k, inputs)
                 bad = mismatches(out, ref, atol, rtol)
                 row.update(correct=bad == 0, mismatches=bad)
                 if bad == 0:

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from benchlib import T0, compile_all, dump, log  # noqa: E402
+from benchlib import T0, compile_all, dump, log, mismatches, poisoned_call  # noqa: E402
 
 CAL = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (16, 11008, 4096)]
 HOLDOUT = [(1, 14336, 4096), (4, 4096, 14336), (16, 14336, 4096), (4, 128256, 4096)]
@@ -113,8 +113,8 @@ class Bench:
                    "correct": None}
             if k is not None and self.left() > 5:
                 try:
-                    y = k(x, W)
-                    bad = int((~torch.isclose(y.float(), ref, atol=1e-2, rtol=1e-2)).sum())
+                    y = poisoned_call(k, (x, W))
+                    bad = mismatches(y, ref)
                     row["correct"] = bad == 0
                     row["mismatches"] = bad
                     if bad == 0:

@@ -1,0 +1,51 @@
+"""``benchmarks/benchlib.py`` (no GPU): a benchmark's check starts the output as poison, so a kernel that leaves
+elements unwritten fails it even where ``torch.empty`` hands back memory that held the right answer."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def lazy_kernel(x):
+    """Allocates its output with torch.empty (as TileLang's launchers do) and never writes its last row."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    out[:-1] = x[:-1] * 2
+    return out
+
+
+def full_kernel(x):
+    out = torch.empty(x.shape, dtype=x.dtype)
+    out[:] = x * 2
+    return out
+
+
+def test_a_kernel_that_leaves_a_row_unwritten_fails_the_check_it_would_pass_on_reused_memory():
+    from benchlib import mismatches, poisoned_call
+
+    x = torch.arange(64.0).reshape(8, 8)
+    ref = x * 2
+    # where the memory torch.empty hands back held the right answer, a plain call passes the lazy kernel
+    plain = lazy_kernel(x)
+    plain[-1] = ref[-1]  # what reused memory can hold (the allocator's reuse, made deterministic here)
+    assert mismatches(plain, ref) == 0
+    # with the output poisoned its last row is caught: NaN, whatever the allocator handed back
+    out = poisoned_call(lazy_kernel, (x,))
+    assert torch.isnan(out[-1]).all() and mismatches(out, ref) == 8
+    # a kernel that writes everything passes, and so do both of a pair of outputs
+    assert mismatches(poisoned_call(full_kernel, (x,)), ref) == 0
+    a, b = poisoned_call(lambda x: (full_kernel(x), lazy_kernel(x)), (x,))
+    assert (mismatches(a, ref), mismatches(b, ref)) == (0, 8)
+
+
+def test_an_output_the_poison_cannot_reach_is_refused():
+    from benchlib import poisoned_call
+
+    keep = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="not allocated from the poisoned pool"):
+        poisoned_call(lambda x: keep, (torch.ones(4),))  # returns memory it did not allocate
+    with pytest.raises(RuntimeError, match="not allocated from the poisoned pool"):
+        poisoned_call(lambda x: x * 2, (torch.ones(4),))  # on the CPU only torch.empty's memory is poisoned
