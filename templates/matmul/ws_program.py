@@ -174,8 +174,26 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                     load(A, B, A_s, B_s, full, empty, w * k_tiles + ko, ko, tm, tn)
 
     if pingpong:
-        turn0, turn1 = PINGPONG_TURNS
         tiles = m_tiles * n_tiles
+
+        @T.macro
+        def take_turns(C, A_s, B_s, C_local, C_s, full, empty, sched, cta, tx, p):
+            """Ping-pong warpgroup ``p``: the CTA's tiles ``w = 2 h + p``, each main loop in its turn (waited for
+            on ``PINGPONG_TURNS[p]``, but for warpgroup 0's first), the turn handed to the other warpgroup where
+            a tile follows, then the epilogue while the other computes."""
+            T.set_max_nreg(creg, 1)
+            for h in T.serial(T.ceildiv(waves - p, 2)):
+                if (2 * h + p) * persistent + cta < tiles:
+                    tm, tn = sched.coord((2 * h + p) * persistent + cta)
+                    if p == 1:
+                        T.sync_threads(PINGPONG_TURNS[1], 256)  # warpgroup 0 has issued its tile's last batch
+                    elif h > 0:
+                        T.sync_threads(PINGPONG_TURNS[0], 256)
+                    mainloop(A_s, B_s, C_local, full, empty, (2 * h + p) * k_tiles, tx)
+                    if (2 * h + p + 1) * persistent + cta < tiles:
+                        T.named_barrier_arrive(PINGPONG_TURNS[1 - p], 256)  # the tensor cores to the other
+                    epilogue(C, C_local, C_s, empty, (2 * h + p) * k_tiles + k_tiles - 1, tm, tn, tx)
+            T.tma_store_wait(0)
 
         @T.prim_func
         def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
@@ -195,28 +213,9 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                 if tx >= ct:  # the producer warpgroup: this CTA's tiles in turn, as in the persistent form
                     walk_loads(A, B, A_s, B_s, full, empty, sched, cta)
                 elif tx < 128:  # warpgroup 0: the CTA's even tiles
-                    T.set_max_nreg(creg, 1)
-                    for h in T.serial(T.ceildiv(waves, 2)):
-                        if 2 * h * persistent + cta < tiles:
-                            tm, tn = sched.coord(2 * h * persistent + cta)
-                            if h > 0:
-                                T.sync_threads(turn0, 256)  # warpgroup 1 has issued its tile's last batch
-                            mainloop(A_s, B_s, C0, full, empty, 2 * h * k_tiles, tx)
-                            if (2 * h + 1) * persistent + cta < tiles:
-                                T.named_barrier_arrive(turn1, 256)  # the tensor cores to warpgroup 1
-                            epilogue(C, C0, C_s0, empty, 2 * h * k_tiles + k_tiles - 1, tm, tn, tx)
-                    T.tma_store_wait(0)
+                    take_turns(C, A_s, B_s, C0, C_s0, full, empty, sched, cta, tx, 0)
                 else:  # warpgroup 1: the odd tiles
-                    T.set_max_nreg(creg, 1)
-                    for h in T.serial(waves // 2):
-                        if (2 * h + 1) * persistent + cta < tiles:
-                            tm, tn = sched.coord((2 * h + 1) * persistent + cta)
-                            T.sync_threads(turn1, 256)
-                            mainloop(A_s, B_s, C1, full, empty, (2 * h + 1) * k_tiles, tx)
-                            if (2 * h + 2) * persistent + cta < tiles:
-                                T.named_barrier_arrive(turn0, 256)
-                            epilogue(C, C1, C_s1, empty, (2 * h + 1) * k_tiles + k_tiles - 1, tm, tn, tx)
-                    T.tma_store_wait(0)
+                    take_turns(C, A_s, B_s, C1, C_s1, full, empty, sched, cta, tx, 1)
 
         return main
 
