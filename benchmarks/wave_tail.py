@@ -12,7 +12,8 @@ Writes ``<out>/wave_tail.json`` (every round) and ``<out>/wave_tail.md``. ``--ca
 ``[{"N": ..., "K": ..., "Ms": [...], "configs": [{...}, ...]}]`` (or one ``"config"``): every config of a case
 is compiled first (``--jobs`` at a time, checked against ``x @ W.T`` with C starting as poison), then timed
 with cuBLAS in the same rounds. The default cases are the Llama-3-8B MLP's projections at 2048 and 8192 tokens
-with the configs its tuned table picked on an H200 (2026-11-23).
+with the configs its tuned table picked on an H200 (2026-11-23). ``--symbolic`` also compiles every config with
+M symbolic, as the matmul op serves it (one kernel per bucket), and times both forms in the same rounds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import Clock, compile_all, config_id, dump, log, median, poisoned_call  # noqa: E402
 from few_rows import back_to_back_ms, operands  # noqa: E402
+
+from templates.matmul.op import gemm  # noqa: E402
 
 _FR = {"block_K": 64, "block_M": 128, "block_N": 256, "num_stages": 3, "thread_num": 256, "warp_policy": "full_row"}
 DEFAULT_CASES = [
@@ -62,6 +65,11 @@ def short(cfg: dict[str, Any]) -> str:
     return " ".join([base, "r" if cfg.get("enable_rasterization") else "", *extra]).replace("  ", " ")
 
 
+def label(run: dict[str, Any]) -> str:
+    """A run's config cell: the config, marked where it was compiled with M symbolic."""
+    return ("symbolic M: " if run.get("form") else "") + short(run["config"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -70,7 +78,10 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, default=200)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--jobs", type=int, default=8, help="configs compiled at a time")
+    ap.add_argument("--symbolic", action="store_true",
+                    help="also time each config compiled with a symbolic M, as the matmul op serves it")
     args = ap.parse_args()
+    import tilelang.language as T
     import torch
 
     from templates import matmul
@@ -92,28 +103,34 @@ def main() -> int:
             x, w = operands(M, N, K, args.dtype)
             ref = (x @ w.T).float()
             kernels = {}
-            for cfg, k, _, err in compile_all(matmul.MATMUL, problem, [MatmulConfig.from_dict(c) for c in configs],
-                                              args.jobs):
-                if err is None:
-                    try:  # C starts as poison: an element the kernel leaves unwritten cannot pass
-                        torch.testing.assert_close(poisoned_call(k, (x, w)).float(), ref, atol=2e-2, rtol=2e-2)
-                        kernels[config_id(cfg.to_dict())] = (cfg.to_dict(), k)
-                        continue
-                    except Exception as e:  # a wrong kernel is a result, not a reason to stop
-                        err = str(e).splitlines()[0]
-                log(f"{M}x{N}x{K} {cfg.to_dict()}: {err}")
-                runs.append({"M": M, "N": N, "K": K, "config": cfg.to_dict(), "error": err})
+            typed = [MatmulConfig.from_dict(c) for c in configs]
+            forms = [("", compile_all(matmul.MATMUL, problem, typed, args.jobs))]
+            if args.symbolic:  # the op's factory with M symbolic: what a bucket's kernel runs
+                forms.append(("symbolic ", compile_all(matmul.MATMUL, problem, typed, args.jobs, build=lambda cfg, N=N,
+                              K=K: gemm(T.dynamic("M"), N, K, args.dtype, **cfg.kernel_kwargs()))))
+            for form, built in forms:
+                for cfg, k, _, err in built:
+                    if err is None:
+                        try:  # C starts as poison: an element the kernel leaves unwritten cannot pass
+                            torch.testing.assert_close(poisoned_call(k, (x, w)).float(), ref, atol=2e-2, rtol=2e-2)
+                            kernels[form + config_id(cfg.to_dict())] = (cfg.to_dict(), k, form)
+                            continue
+                        except Exception as e:  # a wrong kernel is a result, not a reason to stop
+                            err = str(e).splitlines()[0]
+                    log(f"{M}x{N}x{K} {form}{cfg.to_dict()}: {err}")
+                    runs.append({"M": M, "N": N, "K": K, "config": cfg.to_dict(), "form": form.strip(), "error": err})
             if not kernels:
                 continue
             cub_kernel, cub_ms = cublas_kernel(x, w), []
             ours_ms: dict[str, list[float]] = {cid: [] for cid in kernels}
             for _ in range(args.rounds):
                 cub_ms.append(back_to_back_ms(lambda x=x, w=w: x @ w.T))
-                for cid, (_, k) in kernels.items():
+                for cid, (_, k, _) in kernels.items():
                     ours_ms[cid].append(back_to_back_ms(lambda k=k, x=x, w=w: k(x, w)))
-            for cid, (cfg, _) in kernels.items():
+            for cid, (cfg, _, form) in kernels.items():
                 tiles = math.ceil(M / cfg["block_M"]) * math.ceil(N / cfg["block_N"])
-                run = {"M": M, "N": N, "K": K, "config": cfg, "tiles": tiles, "waves": tiles / sms,
+                run = {"M": M, "N": N, "K": K, "config": cfg, "form": form.strip(), "tiles": tiles,
+                       "waves": tiles / sms,
                        "cublas_kernel": cub_kernel, "ours_ms": ours_ms[cid], "cublas_ms": cub_ms,
                        "ours": median(ours_ms[cid]), "cublas": median(cub_ms)}
                 log(f"{M}x{N}x{K}: {tiles} tiles ({tiles / sms:.2f} waves) ours {run['ours'] * 1e3:.1f} us, cuBLAS "
@@ -124,11 +141,11 @@ def main() -> int:
              "| cuBLAS ns per GFLOP | cuBLAS kernel |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         if "error" in r:
-            lines.append(f"| {r['M']}x{r['N']}x{r['K']} | {short(r['config'])} | failed: {r['error'][:80]} "
+            lines.append(f"| {r['M']}x{r['N']}x{r['K']} | {label(r)} | failed: {r['error'][:80]} "
                          "|  |  |  |  |  |  |  |")
             continue
         gf = 2 * r["M"] * r["N"] * r["K"] / 1e9
-        cells = [f"{r['M']}x{r['N']}x{r['K']}", short(r["config"]), r["tiles"], f"{r['waves']:.2f}",
+        cells = [f"{r['M']}x{r['N']}x{r['K']}", label(r), r["tiles"], f"{r['waves']:.2f}",
                  f"{r['ours'] * 1e3:.1f}", f"{r['cublas'] * 1e3:.1f}", f"{r['cublas'] / r['ours']:.3f}",
                  f"{r['ours'] * 1e6 / gf:.1f}", f"{r['cublas'] * 1e6 / gf:.1f}", r["cublas_kernel"]]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
