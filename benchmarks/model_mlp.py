@@ -14,7 +14,13 @@ Phases, each saved to ``--out/model_mlp.json`` as it finishes (a run cut short k
    back-to-back eager calls, median of rounds); speedup = torch time / tilecarve time. The kernels the
    counts need are compiled first, ``--jobs`` at a time (``KeyedKernel.precompile``), and each count's row
    names the configs that served it (``--no-refine``: every M in a bucket served by the bucket's config);
-4. ``compile``: ``torch.compile(block)``: the same outputs as eager, no graph breaks (``torch._dynamo.explain``).
+4. ``compile``: ``torch.compile(block)``: the same outputs as eager, no graph breaks (``torch._dynamo.explain``);
+5. ``host`` (not by default): the host's microseconds to issue one forward of each block (``--profile-calls``
+   forwards issued after a sync, timed on the CPU, before the GPU is waited for), per token count: a forward
+   whose GPU time is below its host time is bound by the host;
+6. ``profile`` (not by default): both blocks under torch's profiler, ``--profile-calls`` back-to-back forwards per
+   token count: each kernel's GPU time per forward, the GPU's busy time and the span from a forward's first
+   kernel to its last (span minus busy: the gaps between kernels, such as the host falling behind).
 
 Targets (issue 12): speedup >= 1.0 for M >= 128, >= 0.95 below, geomean >= 1.0; tuning <= 60 s;
 first forward <= 2 s beyond TileLang's cache load. A markdown table goes to ``--out/model_mlp.md``.
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,13 +63,22 @@ def time_block(block, x, iters: int) -> float:
     return start.elapsed_time(end) / iters * 1e3  # us
 
 
-def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
+def both_blocks(args: argparse.Namespace) -> tuple:
+    """The block with tilecarve's Linear and with ``torch.nn.Linear``, on the same weights."""
     import mlp
     import torch
 
     block = mlp.make_block(args.hidden, args.intermediate)
     ref = mlp.MLP(args.hidden, args.intermediate, torch.nn.Linear, device="cuda", dtype=torch.float16)
     ref.load_state_dict(block.state_dict())  # the same weights
+    return block, ref
+
+
+def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
+    import mlp
+    import torch
+
+    block, ref = both_blocks(args)
     from templates.matmul.op import get_op
 
     rows = res.setdefault("speed", {})
@@ -103,6 +119,61 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
     sp = [r["speedup"] for r in rows.values() if "speedup" in r]
     res["speed_geomean"] = geomean(sp)
     res["op_stats"] = {"gemm": dict(op.gemm.stats), "gemv": dict(op.gemv.stats)}  # refusals would show here
+
+
+def kernel_spans(block, x, calls: int) -> dict:
+    """``calls`` back-to-back forwards of ``block`` under torch's profiler: GPU microseconds per forward for
+    each kernel name, the busy total and the span from the first kernel's start to the last one's end."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        block(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            block(x)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not kernels:
+        return {"error": "the profiler recorded no kernels"}
+    per: dict = {}
+    for e in kernels:
+        per[e.name[:90]] = per.get(e.name[:90], 0.0) + (e.time_range.end - e.time_range.start) / calls
+    span = (max(e.time_range.end for e in kernels) - min(e.time_range.start for e in kernels)) / calls
+    busy = sum(per.values())
+    return {"busy_us": busy, "span_us": span, "gaps_us": span - busy, "kernels_per_forward": len(kernels) / calls,
+            "kernels": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
+
+
+def host_us(block, x, calls: int, rounds: int = 5) -> float:
+    """Median over rounds of the host's microseconds to issue one forward (``calls`` issued back to back)."""
+    import torch
+
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            block(x)
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return median(out)
+
+
+def phase_per_count(res: dict, args: argparse.Namespace, name: str, measure: Any) -> None:
+    """``res[name][tokens] = {"tilecarve": measure(block, x, calls), "torch": ...}`` for every token count."""
+    import torch
+
+    block, ref = both_blocks(args)
+    out = res.setdefault(name, {})
+    with torch.inference_mode():
+        for t in args.tokens:
+            x = torch.randn(t, args.hidden, device="cuda", dtype=torch.float16)
+            block(x), ref(x)
+            out[str(t)] = {"tilecarve": measure(block, x, args.profile_calls),
+                           "torch": measure(ref, x, args.profile_calls)}
+            log(f"{name} {t}: {json.dumps(out[str(t)])[:300]}")
 
 
 def phase_compile(res: dict, args: argparse.Namespace) -> None:
@@ -173,6 +244,18 @@ def write_md(res: dict, path: Path) -> None:
         lines.append(f"\nsame configs on a second run: {res['serve_same_configs']}")
     if "compile" in res:
         lines.append(f"\ntorch.compile: {res['compile']}")
+    if res.get("host"):
+        lines += ["", "| tokens | host us a forward, tilecarve | torch |", "|---|---|---|"]
+        lines += [f"| {t} | {h['tilecarve']:.1f} | {h['torch']:.1f} |" for t, h in res["host"].items()]
+    if res.get("profile"):
+        lines += ["", "| tokens | block | GPU busy us | span us | gaps us | kernels | the three longest (us each) |",
+                  "|---|---|---|---|---|---|---|"]
+        for t, both in res["profile"].items():
+            for name, p in both.items():
+                if "busy_us" in p:
+                    top = "; ".join(f"{k[:40]} {v:.1f}" for k, v in list(p["kernels"].items())[:3])
+                    lines.append(f"| {t} | {name} | {p['busy_us']:.1f} | {p['span_us']:.1f} | {p['gaps_us']:.1f} | "
+                                 f"{p['kernels_per_forward']:.0f} | {top} |")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -188,6 +271,7 @@ def main() -> int:
                     help="serve every M with its bucket's config (the op's refine=False)")
     ap.add_argument("--jobs", type=int, default=8, help="kernels compiled at a time before the speed rounds")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--profile-calls", type=int, default=20, help="forwards per token count in the profile phase")
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=14336)
@@ -231,7 +315,9 @@ def main() -> int:
     # this checkout first, and whatever made tilelang importable here (e.g. .gpu/setup.sh) after it
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     steps = (("serve", lambda: phase_serve(res, args, env)), ("speed", lambda: phase_speed(res, args, deadline)),
-             ("compile", lambda: phase_compile(res, args)))
+             ("compile", lambda: phase_compile(res, args)),
+             ("host", lambda: phase_per_count(res, args, "host", host_us)),
+             ("profile", lambda: phase_per_count(res, args, "profile", kernel_spans)))
     for name, run in steps:
         if name not in phases or (name == "serve" and "table" not in res.get("tune", {})):
             continue

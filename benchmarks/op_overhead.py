@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
+import json
 import pstats
 import sys
 import time
@@ -68,14 +70,21 @@ def main() -> int:
     p.add_argument("--n", type=int, default=512, help="weight rows (small: the GPU must not bound the host)")
     p.add_argument("--k", type=int, default=512, help="weight columns")
     p.add_argument("--calls", type=int, default=2000, help="calls per timed round")
+    p.add_argument("--backends", nargs="*", default=[],
+                   help="also time the served config compiled with these TileLang execution backends (e.g. cython)")
+    p.add_argument("--config", type=json.loads,
+                   help="with --backends: also time this config (JSON, e.g. a split-K one) in each backend")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
 
+    import tilelang
+    import tilelang.language as T
     import torch
     import torch.nn.functional as F
 
+    from autotuner.scratch import positions
     from templates.matmul import matmul
-    from templates.matmul.op import get_op
+    from templates.matmul.op import GEMM_NAME, gemm, get_op
 
     torch.manual_seed(0)
     w = torch.randn(a.n, a.k, device="cuda", dtype=torch.float16)
@@ -90,6 +99,17 @@ def main() -> int:
             kern = kk.kernel_for(key)
             err = (matmul(x, w) - F.linear(x, w)).abs().max().item()
             row = {"path": kk.name, "max_abs_err": err, **layers(x, w, kk, key, kern, a.calls)}
+            cfgs = {"served": kk.served_config(key)[0], **({"config": a.config} if a.config else {})}
+            for (label, cfg), backend in itertools.product(cfgs.items(), a.backends if kk.name == GEMM_NAME else []):
+                own = {k: v for k, v in cfg.items() if k != "pass_configs"}  # the same config and symbolic M
+                func = gemm(T.dynamic("M"), a.n, a.k, "float16", **own)
+                out = [len(func.params) - 1]  # C, then a split-K program's workspace, allocated per call
+                jit = tilelang.compile(func, target="cuda", out_idx=out + positions(func, out),
+                                       execution_backend=backend, pass_configs=cfg.get("pass_configs"))
+                got = jit(x, w)
+                got = got[0] if isinstance(got, (list, tuple)) else got
+                row[f"max_abs_err[{label} {backend}]"] = (got - F.linear(x, w)).abs().max().item()
+                row[f"jit_call[{label} {backend}]"] = per_call_us(lambda jit=jit, x=x: jit(x, w), a.calls)
             res["rows"][str(m)] = row
             log(f"M={m}: " + ", ".join(f"{k} {v:.1f} us" for k, v in row.items() if isinstance(v, float)))
             prof = cProfile.Profile()
