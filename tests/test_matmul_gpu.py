@@ -86,6 +86,13 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
                                                                         variant="ws"),
                                                    dict(trans_B=False, out_dtype="float32"))
+    # the sub-wave cluster forms (templates.matmul.space.subwave_cluster_variants_for): a 64-row tile on one
+    # consumer warpgroup, its 3 M tiles padded to a pair; a 128-row full_row tile, 22 N tiles, the last cut
+    SUBWAVE = dict(WS, block_M=64, block_N=224, num_stages=5, thread_num=128, warp_policy="square", cluster="2x1")
+    CASES["ws-NT-fp16-subwave-64row-cluster2x1-odd"] = (150, 2800, 1000, SUBWAVE, {})
+    CASES["ws-TN-bf16-subwave-full_row-cluster1x2-odd"] = (104, 2800, 1000, dict(
+        MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2"), dict(
+        trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NT-fp8"] = (2048, 2048, 1024, dict(WS, block_K=128), dict(in_dtype="float8_e4m3",
                                                                         out_dtype="float16"))
     # Ping-pong: two warpgroups alternate over a CTA's tiles. 13 CTAs on 128 tiles give some CTAs an even
@@ -179,17 +186,22 @@ def test_correct_against_torch(name, compiled):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                    reason="the ping-pong loop needs Hopper")
-def test_pingpong_with_a_symbolic_m_is_right_at_every_m():
-    """One ping-pong kernel with M symbolic, as the op compiles one per bucket of M (templates/matmul/op.py),
-    run at Ms whose 128x128 tiles give the 132 CTAs none or one (M = 1, 100), one or two (1000), four or five
-    (2049: odd and even counts a CTA) and seven or eight (4096)."""
+                    reason="the hand-scheduled loop needs Hopper")
+@pytest.mark.parametrize("form", ["pingpong", "cluster2x1", "cluster1x2"])
+def test_the_hopper_loop_with_a_symbolic_m_is_right_at_every_m(form):
+    """One kernel with M symbolic, as the op compiles one per bucket of M (templates/matmul/op.py). Ping-pong
+    runs at Ms whose 128x128 tiles give the 132 CTAs none or one (M = 1, 100), one or two (1000), four or five
+    (2049: odd and even counts a CTA) and seven or eight (4096); the sub-wave cluster forms at 1 to 64 M tiles,
+    odd counts padded to a pair (2x1: along M) or N tiles paired (1x2)."""
     import tilelang
     import tilelang.language as T
 
     from templates.matmul import op as mop
 
-    cfg = dict(MID, num_stages=4, variant="pingpong", persistent=132)
+    cfg = {"pingpong": dict(MID, num_stages=4, variant="pingpong", persistent=132),
+           "cluster2x1": dict(MID, block_M=64, block_N=224, num_stages=5, thread_num=128, variant="ws",
+                              cluster="2x1"),
+           "cluster1x2": dict(MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2")}[form]
     jit = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg), target="cuda")
     for M in (1, 100, 1000, 2049, 4096):
         A, B, ref = make_inputs(M, 4096, 4096)

@@ -117,6 +117,49 @@ def test_the_candidates_leave_the_pingpong_loop_out_elsewhere(shape, dtypes, arc
     assert not [c for c in candidates(p, arch, 8) if c.variant == "pingpong"]
 
 
+H200 = CUDA("H200")
+
+
+@pytest.mark.parametrize("shape,want", [
+    # the MLP's gate and up at 128 tokens: 64x224 pairs along M (B shared), 128x128 along N (A shared)
+    ((128, 14336, 4096), {(64, 224, 64, 5, 128, "square", "2x1"), (128, 128, 64, 6, 256, "full_row", "1x2")}),
+    # its down projection at 512: the 128x128 hint (128 tiles) in a 1x2 cluster, 64-wide K steps
+    ((512, 4096, 14336), {(128, 128, 64, 6, 256, "full_row", "1x2")}),
+])
+def test_subwave_grids_get_the_clustered_loop_of_their_hints(shape, want):
+    from templates.matmul.space import SUBWAVE_MAX_FORMS, candidates, subwave_cluster_variants_for
+
+    p = mm.make_problem(*shape)
+    got = [c for c in candidates(p, H200, 4) if c.cluster != "1x1"]
+    assert {(c.block_M, c.block_N, c.block_K, c.num_stages, c.thread_num, c.warp_policy, c.cluster)
+            for c in got} == want
+    for c in got:
+        assert c.variant == "ws" and c.split_k == 1 and not c.persistent and not mm.check(p, c, H200)
+        tiles = math.ceil(p.M / c.block_M) * math.ceil(p.N / c.block_N)
+        assert H200.sm_count / 2 <= tiles < H200.sm_count
+        assert ws_smem_bytes(p, c.kernel_kwargs()) <= H200.smem_per_block
+    # the most stages that fit: one more would not
+    for c in got:
+        more = dataclasses.replace(c, num_stages=c.num_stages + 1)
+        assert c.num_stages == 6 or ws_smem_bytes(p, more.kernel_kwargs()) > H200.smem_per_block
+    hints = [mm.MatmulConfig.from_dict(h) for h in mm.hint_configs(mm.carver_template(*shape, arch=H200), 32)]
+    assert len(subwave_cluster_variants_for(p, hints, H200)) == SUBWAVE_MAX_FORMS  # capped
+
+
+@pytest.mark.parametrize("shape,arch", [
+    ((128, 4096, 14336), H200),   # 32 tiles of 128x128: under half a wave (split-K's case)
+    ((2048, 14336, 4096), H200),  # many waves: ws_variants_for's case
+    ((128, 14336, 4096), A100),   # no TMA multicast
+    ((128, 14336, 4100), H200),   # A rows of 8200 bytes: no TMA
+])
+def test_subwave_cluster_forms_are_left_out_elsewhere(shape, arch):
+    from templates.matmul.space import subwave_cluster_variants_for
+
+    p = mm.make_problem(*shape)
+    hints = [mm.MatmulConfig.from_dict(h) for h in mm.hint_configs(mm.carver_template(*shape, arch=arch), 8)]
+    assert subwave_cluster_variants_for(p, hints, arch) == []
+
+
 @pytest.mark.parametrize("shape,layout,what", [
     ((4096, 4096, 4097), dict(), "A rows of 8194 bytes"),               # K odd: A (M, K) misaligned
     ((4097, 4096, 4096), dict(trans_A=True), "A rows of 8194 bytes"),   # A (K, M), M odd

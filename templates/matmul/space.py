@@ -60,6 +60,7 @@ __all__ = [
     "split_k_variants",
     "validate",
     "ws_variants_for",
+    "subwave_cluster_variants_for",
 ]
 
 #: TileLang's GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
@@ -344,6 +345,60 @@ def ws_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig], arc
     return [c for _, c in sorted(out, key=lambda t: t[0])]
 
 
+#: :func:`subwave_cluster_variants_for` proposes its forms for grids of at least this share of a wave (and under one),
+SUBWAVE_MIN_FILL = 0.5
+#: with 64-wide K steps and the most stages that fit in this range (those measured held 5 and 6),
+SUBWAVE_STAGES = (3, 6)
+#: for the best-ranked hints that have one, this many forms at most.
+SUBWAVE_MAX_FORMS = 2
+
+
+def subwave_cluster_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
+                                 arch: GPUArch) -> list[MatmulConfig]:
+    """For an unsplit config whose tiles fill at least :data:`SUBWAVE_MIN_FILL` of the SMs but less than one
+    wave (a few rows against a large weight, where the grid is bound by what L2 feeds the SMs), the
+    hand-scheduled loop with a 2-CTA cluster that multicasts the operand tile its two CTAs share: the pair
+    reads it from L2 once. The form keeps the hint's tile and takes 64-wide K steps, in as many stages as fit
+    beside C's staging tile within :data:`SUBWAVE_STAGES`; a 64-row tile runs one consumer warpgroup
+    (``thread_num=128``, the rows whole), 128-row tiles two, stacked (``full_row``). The forms of the best-ranked
+    hints, :data:`SUBWAVE_MAX_FORMS` at most. :func:`ws_variants_for` proposes nothing for such grids (its model
+    is fitted over whole waves), and this rule does not consult that model: the tuner measures the forms.
+
+    The evidence (one H200, 2026-12-02, ``benchmarks/wave_tail.py`` back to back in interleaved rounds with
+    cuBLAS, which itself runs clusters of 2 there; ``benchmarks/data/multicast-2026-12-02-h200``), cuBLAS's
+    time over ours:
+
+    * 128x14336x4096 (the MLP's gate and up at 128 tokens): 64x224 with a 2x1 cluster 1.030, 128x128 with a
+      1x2 cluster 1.028 (128x112 1.040), against 1.020 and 0.973 for the same tiles in TileLang's loop, and
+      1.008 and 1.007 for the loop without the cluster;
+    * 512x4096x14336 (the down projection at 512): 128x128 with a 2x1 or 1x2 cluster 1.010-1.013 in two calls,
+      against 0.917-0.988 for TileLang's loop of 128x128 tiles and 0.915-0.918 for the ws loop without the
+      cluster. Every config the carver proposed there ran 0.86-0.99."""
+    if not (arch.has_wgmma and arch.has_tma) or not problem.tma_aligned:
+        return []
+    out: list[MatmulConfig] = []
+    for cfg in configs:
+        tiles = _tiles(problem, cfg)
+        if ((cfg.split_k, cfg.persistent, cfg.variant) != (1, 0, "pipelined")
+                or not SUBWAVE_MIN_FILL * arch.sm_count <= tiles < arch.sm_count):
+            continue
+        m_tiles, n_tiles = math.ceil(problem.M / cfg.block_M), math.ceil(problem.N / cfg.block_N)
+        # the pair shares the larger of its operand tiles: B's (2x1, along M) where the tile is wider than tall
+        cluster = ("2x1" if cfg.block_N > cfg.block_M and m_tiles >= 2 else "1x2" if n_tiles >= 2
+                   else "2x1" if m_tiles >= 2 else None)
+        if cluster is None or cfg.block_M % 64:
+            continue
+        threads, policy = (128, "square") if cfg.block_M == 64 else (256, "full_row")
+        form = dataclasses.replace(cfg, variant="ws", cluster=cluster, thread_num=threads, warp_policy=policy,
+                                   block_K=64, num_stages=SUBWAVE_STAGES[1], panel_size=10)
+        while (form.num_stages > SUBWAVE_STAGES[0]
+               and ws_smem_bytes(problem, form.kernel_kwargs()) > arch.smem_per_block):
+            form = dataclasses.replace(form, num_stages=form.num_stages - 1)
+        if not check(problem, form, arch) and form not in out and form not in configs:
+            out.append(form)
+    return out[:SUBWAVE_MAX_FORMS]
+
+
 #: The ping-pong form (:func:`pingpong_variants_for`) is proposed up to this many K tiles of 64 ...
 PINGPONG_MAX_K_ITERS = 64
 #: ... and where its 128x128 tiles give every resident CTA at least this many tiles to alternate on,
@@ -407,7 +462,8 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     (:func:`row_tile_hedge`), then (with ``split_k``) split-K variants
     of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
     the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
-    carver's ws term predicts it pays, the hand-scheduled loop), and the ping-pong loop where K is short
+    carver's ws term predicts it pays, the hand-scheduled loop), the clustered loop of the hints whose grids
+    fill part of one wave (:func:`subwave_cluster_variants_for`), and the ping-pong loop where K is short
     (:func:`pingpong_variants_for`). The first config is always the carver's top-1."""
     if arch is None:
         raise ValueError("the matmul template ranks configs for a GPU; pass arch, e.g. carver.arch.CUDA('H100')")
@@ -421,6 +477,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     if variants and arch.has_wgmma:
         out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
         out += [c for c in ws_variants_for(problem, hints, arch) if c not in out]
+        out += [c for c in subwave_cluster_variants_for(problem, hints, arch) if c not in out]
         out += [c for c in pingpong_variants_for(problem, arch) if c not in out]
     return out
 
