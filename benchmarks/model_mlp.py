@@ -15,10 +15,12 @@ Phases, each saved to ``--out/model_mlp.json`` as it finishes (a run cut short k
    counts need are compiled first, ``--jobs`` at a time (``KeyedKernel.precompile``), and each count's row
    names the configs that served it (``--no-refine``: every M in a bucket served by the bucket's config);
 4. ``compile``: ``torch.compile(block)``: the same outputs as eager, no graph breaks (``torch._dynamo.explain``);
-5. ``host`` (not by default): the host's microseconds to issue one forward of each block (``--profile-calls``
-   forwards issued after a sync, timed on the CPU, before the GPU is waited for), per token count: a forward
-   whose GPU time is below its host time is bound by the host;
-6. ``profile`` (not by default): both blocks under torch's profiler, ``--profile-calls`` back-to-back forwards per
+5. ``host`` (not by default): the host's microseconds to issue one forward of each block, and its gate and down
+   projections alone (``--profile-calls`` calls issued after a sync, timed on the CPU, before the GPU is waited
+   for), per token count: a forward whose GPU time is below its host time is bound by the host;
+6. ``graph`` (not by default): both blocks captured into CUDA graphs of ``--profile-calls`` forwards and
+   replayed in interleaved rounds (the host out of the way, as a serving engine runs small batches);
+7. ``profile`` (not by default): both blocks under torch's profiler, ``--profile-calls`` back-to-back forwards per
    token count: each kernel's GPU time per forward, the GPU's busy time and the span from a forward's first
    kernel to its last (span minus busy: the gaps between kernels, such as the host falling behind).
 
@@ -146,8 +148,9 @@ def kernel_spans(block, x, calls: int) -> dict:
             "kernels": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
 
 
-def host_us(block, x, calls: int, rounds: int = 5) -> float:
-    """Median over rounds of the host's microseconds to issue one forward (``calls`` issued back to back)."""
+def _issue_us(call: Any, calls: int, rounds: int = 5) -> float:
+    """Median over rounds of the host's microseconds to issue ``call()`` (``calls`` issued back to back after a
+    sync, timed before the GPU is waited for: the host's own cost however long the kernels run)."""
     import torch
 
     out = []
@@ -155,10 +158,64 @@ def host_us(block, x, calls: int, rounds: int = 5) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):
-            block(x)
+            call()
         out.append((time.perf_counter() - t0) / calls * 1e6)
         torch.cuda.synchronize()
     return median(out)
+
+
+def host_us(block, x, calls: int) -> dict:
+    """The host's microseconds to issue one forward of ``block``, and each of its three projections alone."""
+    import torch.nn.functional as F
+
+    h = F.silu(block.gate_proj(x)) * block.up_proj(x)
+    return {"forward": _issue_us(lambda: block(x), calls), "gate_proj": _issue_us(lambda: block.gate_proj(x), calls),
+            "down_proj": _issue_us(lambda: block.down_proj(h), calls)}
+
+
+def capture(block, x, calls: int) -> Any:
+    """A CUDA graph of ``calls`` forwards of ``block`` (warmed on a side stream first, as torch asks)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        block(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            block(x)
+    return graph
+
+
+def phase_graph(res: dict, args: argparse.Namespace) -> None:
+    """Both blocks replayed from CUDA graphs of ``--profile-calls`` forwards, in interleaved rounds: the
+    kernels' time with the host out of the way (how a serving engine runs small batches). Under capture
+    the op serves checked kernels only, so both blocks run once outside it first."""
+    import torch
+
+    block, ref = both_blocks(args)
+    out = res.setdefault("graph", {})
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        for t in args.tokens:
+            x = torch.randn(t, args.hidden, device="cuda", dtype=torch.float16)
+            block(x), ref(x)
+            graphs = {"tilecarve": capture(block, x, args.profile_calls), "torch": capture(ref, x, args.profile_calls)}
+            times: dict = {name: [] for name in graphs}
+            for _ in range(args.rounds):
+                for name, g in graphs.items():
+                    g.replay()  # once untimed: the first replay of a round pays for the other graph's data
+                    start.record()
+                    g.replay()
+                    end.record()
+                    end.synchronize()
+                    times[name].append(start.elapsed_time(end) / args.profile_calls * 1e3)
+            out[str(t)] = {name: median(v) for name, v in times.items()}
+            log(f"graph {t}: tilecarve {out[str(t)]['tilecarve']:.1f} us a forward, torch {out[str(t)]['torch']:.1f}")
+            del graphs
+            torch.cuda.empty_cache()
 
 
 def phase_per_count(res: dict, args: argparse.Namespace, name: str, measure: Any) -> None:
@@ -245,8 +302,14 @@ def write_md(res: dict, path: Path) -> None:
     if "compile" in res:
         lines.append(f"\ntorch.compile: {res['compile']}")
     if res.get("host"):
-        lines += ["", "| tokens | host us a forward, tilecarve | torch |", "|---|---|---|"]
-        lines += [f"| {t} | {h['tilecarve']:.1f} | {h['torch']:.1f} |" for t, h in res["host"].items()]
+        lines += ["", "| tokens | host us a forward, tilecarve | torch | gate_proj alone, tilecarve | torch | "
+                  "down_proj alone, tilecarve | torch |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {t} | " + " | ".join(f"{h[b][k]:.1f}" for k in ("forward", "gate_proj", "down_proj")
+                                          for b in ("tilecarve", "torch")) + " |" for t, h in res["host"].items()]
+    if res.get("graph"):
+        lines += ["", "| tokens | CUDA graph us a forward, tilecarve | torch | speedup |", "|---|---|---|---|"]
+        lines += [f"| {t} | {g['tilecarve']:.1f} | {g['torch']:.1f} | {g['torch'] / g['tilecarve']:.3f} |"
+                  for t, g in res["graph"].items()]
     if res.get("profile"):
         lines += ["", "| tokens | block | GPU busy us | span us | gaps us | kernels | the three longest (us each) |",
                   "|---|---|---|---|---|---|---|"]
@@ -317,6 +380,7 @@ def main() -> int:
     steps = (("serve", lambda: phase_serve(res, args, env)), ("speed", lambda: phase_speed(res, args, deadline)),
              ("compile", lambda: phase_compile(res, args)),
              ("host", lambda: phase_per_count(res, args, "host", host_us)),
+             ("graph", lambda: phase_graph(res, args)),
              ("profile", lambda: phase_per_count(res, args, "profile", kernel_spans)))
     for name, run in steps:
         if name not in phases or (name == "serve" and "table" not in res.get("tune", {})):
