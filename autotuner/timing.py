@@ -3,9 +3,7 @@
 ``warmup`` and ``rep`` are *counts of calls*, not milliseconds (TileLang's and Triton's
 ``do_bench`` take milliseconds; ours does not, so a config's budget does not depend on its speed).
 Each timed repetition on the GPU is preceded by a write of a buffer larger than L2, so a kernel
-cannot look fast by finding its inputs already cached. The timed calls are queued behind a kernel that
-holds the GPU until the host has issued them all, so a slow or busy host cannot add its own time to a
-kernel's. We report the median, the minimum and the
+cannot look fast by finding its inputs already cached. We report the median, the minimum and the
 inter-quartile range: the median is what a user gets, the IQR says whether to trust it.
 """
 
@@ -20,17 +18,10 @@ from typing import Any
 __all__ = ["METHOD", "Timing", "l2_flush_buffer", "time_callable"]
 
 #: Part of the cache key: a change of timing method must not reuse old latencies.
-METHOD = "v3:cuda-events+l2-flush+median+held-queue|cpu-perf_counter+median|finalists-interleaved-rounds"
+METHOD = "v2:cuda-events+l2-flush+median|cpu-perf_counter+median|finalists-interleaved-rounds"
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100 50 MB, H200 60 MB, B200 126 MB)
 _flush_buf: Any = None
-#: The GPU is held (:func:`_hold_gpu`) while the timed calls are queued: for twice as long as queueing them
-#: took the last time (this long at first), within ``_HOLD_MIN_MS``-``_HOLD_MAX_MS``, and a call is timed again
-#: with a longer hold, up to ``_HOLD_TRIES`` times, where the host fell behind.
-_hold_ms = 2.0
-_HOLD_MIN_MS, _HOLD_MAX_MS, _HOLD_TRIES = 1.0, 500.0, 4
-_HOLD_HZ = 2.0e9  # cycles a second that torch.cuda._sleep spins for: at or above any GPU's clock, so it holds
-#                   at least as long as asked
 
 
 @dataclass(frozen=True)
@@ -113,47 +104,21 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     if mode == "sustained":
         _heat(call, sustain_s)
     torch.cuda.synchronize()
-    global _hold_ms
-    for _ in range(_HOLD_TRIES):
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
-        held = _hold_gpu(_hold_ms)
-        t0 = time.perf_counter()
-        for i in range(rep):
-            if prepare is not None:
-                prepare()
-            if mode == "burst":
-                if flush == "write":
-                    flush_buf.zero_()
-                else:
-                    flush_buf.max()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        queued_in_time = not held.query()  # every call was queued while the GPU was still held
-        queued_ms = (time.perf_counter() - t0) * 1e3
-        torch.cuda.synchronize()
-        # the next hold: twice what queueing took here; after a miss (the host fell behind), longer still
-        _hold_ms = min(_HOLD_MAX_MS, max(_HOLD_MIN_MS, 2 * queued_ms, 0.0 if queued_in_time else 4 * _hold_ms))
-        if queued_in_time:
-            break
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
+    for i in range(rep):
+        if prepare is not None:
+            prepare()
+        if mode == "burst":
+            if flush == "write":
+                flush_buf.zero_()
+            else:
+                flush_buf.max()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
-
-
-def _hold_gpu(ms: float) -> Any:
-    """Keep the current stream busy for about ``ms`` milliseconds (a spinning kernel), so that the calls queued
-    behind it run back to back however slowly the host issues them; the returned event completes when the
-    hold ends. Without it, a call whose host side is slower than its kernel (a CPU busy with a tuning job's
-    compile workers, a slow Python wrapper) is timed with the GPU's wait for the host: each event pair then
-    brackets the idle time before the launch too (``tests/test_autotuner_gpu.py`` times a 3 ms host delay
-    so). TileLang's own call costs 10-19 us of host time on an H200 machine (a split-K GEMM the most;
-    benchmarks/data/multicast-2026-12-02-h200), the length of a small GEMV or a few-row GEMM."""
-    import torch
-
-    torch.cuda._sleep(int(ms * 1e-3 * _HOLD_HZ))
-    held = torch.cuda.Event()
-    held.record()
-    return held
 
 
 def l2_flush_buffer(device: str) -> Any:
