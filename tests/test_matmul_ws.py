@@ -146,6 +146,28 @@ def test_subwave_grids_get_the_clustered_loop_of_their_hints(shape, want):
     assert len(subwave_cluster_variants_for(p, hints, H200)) == SUBWAVE_MAX_FORMS  # capped
 
 
+@pytest.mark.parametrize("shape,tile,want", [
+    # 5 x 26 tiles of 128x160: a 2x1 cluster pads M to 6 (156 CTAs, over a wave), so the pair runs along N
+    ((640, 4096, 4096), (128, 160), "1x2"),
+    # 3 x 43 tiles of 64x96: 2x1 pads to 172 CTAs, 1x2 to 132: neither is under one wave
+    ((150, 4096, 4096), (64, 96), None),
+])
+def test_a_cluster_form_is_proposed_only_where_its_padded_grid_is_under_one_wave(shape, tile, want):
+    from templates.matmul.space import subwave_cluster_variants_for
+
+    p = mm.make_problem(*shape)
+    hint = mm.MatmulConfig(block_M=tile[0], block_N=tile[1], block_K=64, num_stages=4, thread_num=256,
+                           enable_rasterization=True)
+    assert [c.cluster for c in subwave_cluster_variants_for(p, [hint], H200)] == ([want] if want else [])
+    for M in range(100, 2000, 37):  # and never a form whose padded grid is a wave or more
+        q = mm.make_problem(M, *shape[1:])
+        for c in mm.space.candidates(q, H200, 4):
+            if c.cluster != "1x1":
+                cm, cn = (int(v) for v in c.cluster.split("x"))
+                ctas = math.ceil(math.ceil(M / c.block_M) / cm) * cm * math.ceil(math.ceil(q.N / c.block_N) / cn) * cn
+                assert ctas < H200.sm_count, (M, c)
+
+
 @pytest.mark.parametrize("shape,arch", [
     ((128, 4096, 14336), H200),   # 32 tiles of 128x128: under half a wave (split-K's case)
     ((2048, 14336, 4096), H200),  # many waves: ws_variants_for's case

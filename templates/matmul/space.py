@@ -22,6 +22,7 @@ from carver.validity import (
     GRID_SMEM_MARK,
     WS_VARIANTS,
     check_matmul_config,
+    cluster_shape,
     kernel_key_arch_problems,
     split_k_limit,
     ws_smem_bytes,
@@ -353,12 +354,20 @@ SUBWAVE_STAGES = (3, 6)
 SUBWAVE_MAX_FORMS = 2
 
 
+def _padded_ctas(m_tiles: int, n_tiles: int, cluster: str) -> int:
+    """The CTAs a grid of ``m_tiles x n_tiles`` launches in clusters of ``cluster``: padded to whole ones."""
+    cm, cn = cluster_shape(cluster)
+    return math.ceil(m_tiles / cm) * cm * math.ceil(n_tiles / cn) * cn
+
+
 def subwave_cluster_variants_for(problem: MatmulProblem, configs: Sequence[MatmulConfig],
                                  arch: GPUArch) -> list[MatmulConfig]:
     """For an unsplit config whose tiles fill at least :data:`SUBWAVE_MIN_FILL` of the SMs but less than one
     wave (a few rows against a large weight, where the grid is bound by what L2 feeds the SMs), the
     hand-scheduled loop with a 2-CTA cluster that multicasts the operand tile its two CTAs share: the pair
-    reads it from L2 once. The form keeps the hint's tile and takes 64-wide K steps, in as many stages as fit
+    reads it from L2 once. The grid is padded to whole clusters (its padding CTAs run the K loop too), so a
+    direction is taken only where its padded grid is still under one wave: the one that shares the larger
+    operand tile first. The form keeps the hint's tile and takes 64-wide K steps, in as many stages as fit
     beside C's staging tile within :data:`SUBWAVE_STAGES`; a 64-row tile runs one consumer warpgroup
     (``thread_num=128``, the rows whole), 128-row tiles two, stacked (``full_row``). The forms of the best-ranked
     hints, :data:`SUBWAVE_MAX_FORMS` at most. :func:`ws_variants_for` proposes nothing for such grids (its model
@@ -383,11 +392,15 @@ def subwave_cluster_variants_for(problem: MatmulProblem, configs: Sequence[Matmu
                 or not SUBWAVE_MIN_FILL * arch.sm_count <= tiles < arch.sm_count):
             continue
         m_tiles, n_tiles = math.ceil(problem.M / cfg.block_M), math.ceil(problem.N / cfg.block_N)
-        # the pair shares the larger of its operand tiles: B's (2x1, along M) where the tile is wider than tall
-        cluster = ("2x1" if cfg.block_N > cfg.block_M and m_tiles >= 2 else "1x2" if n_tiles >= 2
-                   else "2x1" if m_tiles >= 2 else None)
-        if cluster is None or cfg.block_M % 64:
+        # the pair shares the larger of its operand tiles (B's, 2x1 along M, where the tile is wider than tall),
+        # else the other one, where that one's grid, padded to whole clusters (the padding CTAs run the K loop
+        # too), still fits in one wave
+        order = ("2x1", "1x2") if cfg.block_N > cfg.block_M else ("1x2", "2x1")
+        fits = [c for c in order if (m_tiles if c == "2x1" else n_tiles) >= 2
+                and _padded_ctas(m_tiles, n_tiles, c) < arch.sm_count]
+        if not fits or cfg.block_M % 64:
             continue
+        cluster = fits[0]
         threads, policy = (128, "square") if cfg.block_M == 64 else (256, "full_row")
         form = dataclasses.replace(cfg, variant="ws", cluster=cluster, thread_num=threads, warp_policy=policy,
                                    block_K=64, num_stages=SUBWAVE_STAGES[1], panel_size=10)
