@@ -63,6 +63,7 @@ __all__ = [
     "legal_mask",
     "normalize_config",
     "require_matmul_config",
+    "split_has_work",
     "split_k_limit",
 ]
 
@@ -181,8 +182,16 @@ def _k_step(p: MatmulProblem) -> int:
     return max(1, 32 // p.in_bytes)
 
 
+def split_has_work(K: int, block_K: int, split_k: int) -> bool:
+    """Whether each of ``split_k`` splits of K gets some of it (each takes ceil(K / split_k) rounded up to whole
+    K tiles). Not monotone: K=1000 in tiles of 128 splits 2, 3, 4 and 8 ways, not 5, 6 or 7."""
+    k_per = _ceil_div(_ceil_div(K, split_k), block_K) * block_K
+    return split_k <= 1 or (split_k - 1) * k_per < K
+
+
 def split_k_limit(K: int, block_K: int) -> int:
-    """The largest split_k for which every split still gets some of K (splits are whole K tiles)."""
+    """The largest split_k for which every split still gets some of K (splits are whole K tiles); some smaller
+    ones may not (:func:`split_has_work`)."""
     s = max(1, _ceil_div(K, block_K))
     while s > 1 and (s - 1) * (_ceil_div(_ceil_div(K, s), block_K) * block_K) >= K:
         s -= 1
@@ -266,8 +275,14 @@ def _split_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
 
 def _msg_split(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
     s, bk = int(c.split_k[i]), int(c.block_K[i])
+    limit = split_k_limit(p.K, bk)
+    if s > limit:
+        fix = f"use split_k <= {limit}"
+    else:  # a gap below the limit: the nearest split below that works, and the limit
+        lower = next(t for t in range(s - 1, 0, -1) if split_has_work(p.K, bk, t))
+        fix = f"use split_k={lower} or {limit} (not every split_k up to {limit} gives each split work)"
     return (f"split_k={s} leaves a split with no work for K={p.K}, block_K={bk} (splits are whole K tiles); "
-            f"use split_k <= {split_k_limit(p.K, bk)}")
+            f"{fix}")
 
 
 def _grid_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:

@@ -425,3 +425,22 @@ def test_candidates_take_a_gpu_name_as_check_and_the_gemv_family_do():
     p = mm.MatmulProblem(4096, 4096, 4096)
     assert mm.MATMUL.candidates(p, "H100", 4) == mm.MATMUL.candidates(p, CUDA("H100"), 4)
     assert mm.MATMUL.candidates(p, "A100-80GB", 2) == mm.MATMUL.candidates(p, CUDA("A100-80GB"), 2)
+
+
+def test_a_split_k_below_the_limit_that_leaves_a_split_empty_is_neither_proposed_nor_advised():
+    """K=1000 in 128-wide tiles splits 2, 3, 4 and 8 ways, not 5-7 (each split takes ceil(K / s) rounded up to
+    whole tiles): the rule's fix names a split that works, and the candidates hold none of the gap (A100,
+    1x1000x1000 proposed split_k=6 before)."""
+    from carver.arch import CUDA
+    from carver.validity import split_has_work
+    from templates.matmul.space import candidates
+
+    assert [s for s in range(1, 10) if split_has_work(1000, 128, s)] == [1, 2, 3, 4, 8]
+    with pytest.raises(ValueError, match=r"split_k=6 leaves a split with no work .* use split_k=4 or 8"):
+        mm.check_config(1000, "float16", 64, 64, 128, 2, 128, True, 10, 6)
+    with pytest.raises(ValueError, match=r"split_k=9 leaves a split with no work .* use split_k <= 8"):
+        mm.check_config(1000, "float16", 64, 64, 128, 2, 128, True, 10, 9)
+    for arch in ("A100-80GB", "H200"):
+        p = mm.make_problem(1, 1000, 1000)
+        for c in candidates(p, CUDA(arch), 4):
+            assert not mm.check(p, c, CUDA(arch)), c

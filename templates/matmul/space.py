@@ -24,6 +24,7 @@ from carver.validity import (
     check_matmul_config,
     cluster_shape,
     kernel_key_arch_problems,
+    split_has_work,
     split_k_limit,
     ws_smem_bytes,
 )
@@ -231,7 +232,8 @@ def split_k_variants(problem: MatmulProblem, configs: Sequence[MatmulConfig], nu
             continue
         fill = max(2, num_sms // tiles)
         limit = min(split_k_limit(problem.K, cfg.block_K), 16)
-        for s in sorted({s for s in (fill // 2, fill, 2 * fill) if 2 <= s <= limit})[:per_config]:
+        for s in sorted({s for s in (fill // 2, fill, 2 * fill)
+                         if 2 <= s <= limit and split_has_work(problem.K, cfg.block_K, s)})[:per_config]:
             candidate = dataclasses.replace(cfg, split_k=s)
             if candidate not in out and candidate not in configs:
                 out.append(candidate)
