@@ -138,6 +138,23 @@ def measure_configs(family: Any, problem: Any, configs: Sequence[Any], inputs: S
     return rows
 
 
+def per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
+    """Median over rounds of the host's microseconds per call of ``fn``: ``calls`` calls issued back to back
+    after a sync, timed before the GPU is waited for (the host's own cost, however long the kernels run)."""
+    import torch
+
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        out.append((t1 - t0) / calls * 1e6)
+    return median(out)
+
+
 def config_id(config: dict[str, Any]) -> str:
     """A config dict as a key: its JSON with sorted keys."""
     return json.dumps(config, sort_keys=True)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "model"))
 
-from benchlib import dump, geomean, log, median  # noqa: E402
+from benchlib import dump, geomean, log, median, per_call_us  # noqa: E402
 
 TOKENS = (1, 16, 128, 512, 2048, 8192)
 
@@ -148,29 +148,14 @@ def kernel_spans(block, x, calls: int) -> dict:
             "kernels": dict(sorted(per.items(), key=lambda kv: -kv[1]))}
 
 
-def _issue_us(call: Any, calls: int, rounds: int = 5) -> float:
-    """Median over rounds of the host's microseconds to issue ``call()`` (``calls`` issued back to back after a
-    sync, timed before the GPU is waited for: the host's own cost however long the kernels run)."""
-    import torch
-
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return median(out)
-
-
 def host_us(block, x, calls: int) -> dict:
     """The host's microseconds to issue one forward of ``block``, and each of its three projections alone."""
     import torch.nn.functional as F
 
     h = F.silu(block.gate_proj(x)) * block.up_proj(x)
-    return {"forward": _issue_us(lambda: block(x), calls), "gate_proj": _issue_us(lambda: block.gate_proj(x), calls),
-            "down_proj": _issue_us(lambda: block.down_proj(h), calls)}
+    return {"forward": per_call_us(lambda: block(x), calls),
+            "gate_proj": per_call_us(lambda: block.gate_proj(x), calls),
+            "down_proj": per_call_us(lambda: block.down_proj(h), calls)}
 
 
 def capture(block, x, calls: int) -> Any:

@@ -32,23 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from benchlib import dump, log, median  # noqa: E402
-
-
-def per_call_us(fn, calls: int, rounds: int = 5) -> float:
-    """Median over rounds of host microseconds per call, ``calls`` calls issued back to back."""
-    import torch
-
-    out = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        out.append((t1 - t0) / calls * 1e6)
-    return median(out)
+from benchlib import dump, log, per_call_us  # noqa: E402
 
 
 def layers(x, w, kk, key, kern, calls: int) -> dict[str, float]:

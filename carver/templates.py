@@ -46,7 +46,6 @@ from .validity import (
     check_matmul_config,
     legal_mask,
     split_has_work,
-    split_k_limit,
 )
 
 __all__ = [
@@ -421,7 +420,7 @@ def gemv_space(K: int, dtype: str, vec: int = 0) -> list[dict[str, Any]]:
     if gemv_mma_misaligned(K, dtype):
         return out
     mma = [(bn, bk, st, sk, {}) for bn, bk, st, sk in itertools.product(*GEMV_MMA_GRID.values())
-           if sk <= split_k_limit(K, bk) and split_has_work(K, bk, sk)]
+           if split_has_work(K, bk, sk)]
     mma += [(bn, bk, st, 1, {"tma": False}) for bn, bk, st in itertools.product(*GEMV_MMA_ASYNC_GRID.values())]
     for bn, bk, st, sk, tma in mma:
         if st * (GEMV_MMA_ROWS + bn) * bk * dtype_bytes(dtype) + 1024 <= MAX_SMEM_PER_BLOCK:

@@ -193,7 +193,7 @@ def split_k_limit(K: int, block_K: int) -> int:
     """The largest split_k for which every split still gets some of K (splits are whole K tiles); some smaller
     ones may not (:func:`split_has_work`)."""
     s = max(1, _ceil_div(K, block_K))
-    while s > 1 and (s - 1) * (_ceil_div(_ceil_div(K, s), block_K) * block_K) >= K:
+    while not split_has_work(K, block_K, s):
         s -= 1
     return min(s, MAX_GRID_YZ)
 
