@@ -56,8 +56,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=2000, help="calls per timed round")
     p.add_argument("--backends", nargs="*", default=[],
                    help="also time the served config compiled with these TileLang execution backends (e.g. cython)")
-    p.add_argument("--config", type=json.loads,
-                   help="with --backends: also time this config (JSON, e.g. a split-K one) in each backend")
+    p.add_argument("--config", type=json.loads, action="append", default=[],
+                   help="with --backends: also time this config (JSON, e.g. a split-K one) in each backend; "
+                        "repeat it for more (labelled config0, config1, ...)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
 
@@ -83,7 +84,7 @@ def main() -> int:
             kern = kk.kernel_for(key)
             err = (matmul(x, w) - F.linear(x, w)).abs().max().item()
             row = {"path": kk.name, "max_abs_err": err, **layers(x, w, kk, key, kern, a.calls)}
-            cfgs = {"served": kk.served_config(key)[0], **({"config": a.config} if a.config else {})}
+            cfgs = {"served": kk.served_config(key)[0], **{f"config{i}": c for i, c in enumerate(a.config)}}
             for (label, cfg), backend in itertools.product(cfgs.items(), a.backends if kk.name == GEMM_NAME else []):
                 own = {k: v for k, v in cfg.items() if k != "pass_configs"}  # the same config and symbolic M
                 func = gemm(T.dynamic("M"), a.n, a.k, "float16", **own)

@@ -60,7 +60,7 @@ def short(cfg: dict[str, Any]) -> str:
     """A config in a table cell: its tile, stages and threads, then the keys off their defaults."""
     base = f"{cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} s{cfg['num_stages']} t{cfg['thread_num']}"
     tile_keys = ("block_M", "block_N", "block_K", "num_stages", "thread_num", "enable_rasterization")
-    plain = (0, 1, "square", "pipelined", "1x1")
+    plain = (0, 1, "square", "pipelined", "1x1", "workspace")
     extra = [f"{k}={v}" for k, v in cfg.items() if k not in tile_keys and (v not in plain or k == "panel_size")]
     return " ".join([base, "r" if cfg.get("enable_rasterization") else "", *extra]).replace("  ", " ")
 

@@ -21,7 +21,7 @@ The rules come in three tiers, each written once:
 * :data:`RULES`: what this GPU refuses (its tensor dtypes, threads with the TMA producer, TileLang's warp
   partition, shared memory, registers, device memory).
 
-The kernel-only keys (``warp_policy``, ``persistent``, ``variant``, ``cluster``) have their rules in
+The kernel-only keys (``warp_policy``, ``persistent``, ``variant``, ``cluster``, ``split_reduce``) have their rules in
 :func:`kernel_key_problems` (with the problem, no GPU) and :func:`kernel_key_arch_problems` (on a GPU).
 """
 
@@ -48,6 +48,8 @@ __all__ = [
     "RULES",
     "WARP_POLICIES",
     "CLUSTERS",
+    "MAX_CLUSTER_SIZE",
+    "SPLIT_REDUCES",
     "VARIANTS",
     "PINGPONG_MAX_TILE",
     "WS_PRODUCER_THREADS",
@@ -56,6 +58,7 @@ __all__ = [
     "GRID_SMEM_MARK",
     "check_matmul_config",
     "cluster_shape",
+    "cluster_split_smem_bytes",
     "explain_no_legal_config",
     "kernel_key_arch_problems",
     "kernel_key_problems",
@@ -74,7 +77,8 @@ CONFIG_KEYS: tuple[str, ...] = (
 #: Keys the matmul kernel (templates.matmul.kernel) also takes, with their defaults.
 OPTIONAL_KEYS: dict[str, int] = {"panel_size": 10, "split_k": 1}
 #: Keys only the kernel takes (the carver ranks the grid's program without them), with their defaults.
-KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "variant": "pipelined", "cluster": "1x1"}
+KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "variant": "pipelined", "cluster": "1x1",
+                               "split_reduce": "workspace"}
 #: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
 WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: ``variant`` values: TileLang's ``T.Pipelined`` main loop, or the hand-scheduled warp-specialised one
@@ -91,6 +95,14 @@ PINGPONG_MAX_TILE = 128 * 192
 #: ``cluster`` values, CTAs along M x along N (CUTLASS's order): "1x2" pairs two N tiles that share their
 #: A tile, which one TMA multicast loads into both; "2x1" pairs two M tiles sharing B. Only ``variant="ws"``.
 CLUSTERS: tuple[str, ...] = ("1x1", "2x1", "1x2")
+#: ``split_reduce`` values: how a split-K tile's ``split_k`` fp32 partials are summed. "workspace": each split
+#: writes its partial to global memory and a second kernel sums them; "cluster": the tile's splits are one
+#: thread-block cluster, which sums them in shared memory (each CTA sums ``block_M / split_k`` of the tile's
+#: rows from its peers' partials, sent over the cluster's shared memory) and stores C itself: one launch, no
+#: workspace. Hopper only.
+SPLIT_REDUCES: tuple[str, ...] = ("workspace", "cluster")
+#: The largest thread-block cluster CUDA launches without opting in to a non-portable size.
+MAX_CLUSTER_SIZE = 8
 #: The ws variant's producer warpgroup, launched on top of the ``thread_num`` consumer threads.
 WS_PRODUCER_THREADS = 128
 #: The most consumer threads the ws variant takes (two warpgroups: setmaxnreg re-splits 64K registers
@@ -437,6 +449,8 @@ _STRING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "variant": (VARIANTS, "'pipelined' is TileLang's T.Pipelined loop, 'ws' the hand-scheduled Hopper loop, "
                 "'pingpong' its form whose two warpgroups take turns on tiles of their own"),
     "cluster": (CLUSTERS, "CTAs along M x along N; '1x1' launches no clusters"),
+    "split_reduce": (SPLIT_REDUCES, "how split-K partials are summed: 'workspace' by a second kernel, 'cluster' "
+                     "in the shared memory of the tile's cluster of splits"),
 }
 
 
@@ -555,6 +569,39 @@ def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[
     return out
 
 
+def _cluster_split_problems(cfg: Mapping[str, Any]) -> list[str]:
+    """What ``split_reduce="cluster"`` needs: a split of 2-8 CTAs (one cluster per tile), a tile whose rows
+    divide among them, and the grid's x axis for the cluster (no rasterization, no other cluster)."""
+    out = []
+    s, bm = cfg["split_k"], cfg["block_M"]
+    if not 2 <= s <= MAX_CLUSTER_SIZE:
+        out.append(f"split_reduce='cluster' makes a tile's split_k CTAs one thread-block cluster, of 2 to "
+                   f"{MAX_CLUSTER_SIZE} CTAs (CUDA's portable cluster size), got split_k={s}; use split_k=2, 4 or 8, "
+                   f"or split_reduce='workspace'")
+    elif bm % s:
+        fits = [t for t in range(2, MAX_CLUSTER_SIZE + 1) if bm % t == 0]
+        out.append(f"split_reduce='cluster' has each of the split_k={s} CTAs sum block_M / split_k rows of the tile, "
+                   f"so block_M={bm} must be a multiple of split_k; use split_k in {fits} or "
+                   f"split_reduce='workspace'")
+    if cfg["enable_rasterization"]:
+        out.append("split_reduce='cluster' runs the splits of a tile along the grid's x axis, which TileLang's "
+                   "rasterization would remap; use enable_rasterization=False (split-K grids have few rows of "
+                   "tiles, so it changes little)")
+    if cfg["variant"] != "pipelined" or cfg["cluster"] != "1x1":
+        out.append(f"split_reduce='cluster' is a form of the split-K grid program (variant='pipelined', "
+                   f"cluster='1x1'), got variant={cfg['variant']!r}, cluster={cfg['cluster']!r}; use those or "
+                   f"split_reduce='workspace'")
+    return out
+
+
+def cluster_split_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any]) -> int:
+    """Shared memory of ``split_reduce="cluster"``: the pipeline's A/B stages, or the reduction's two fp32
+    tiles (a CTA's own partial, and the peers' partials of its rows), whichever is larger: TileLang's
+    planner puts the reduction's tiles on the stages, which the main loop has finished with."""
+    stages = max(cfg["num_stages"], 1) * (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
+    return max(stages, 2 * cfg["block_M"] * cfg["block_N"] * problem.accum_bytes) + 1024
+
+
 def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[str]:
     """Rules between the kernel-only keys and the others (and the problem, when given), on any GPU.
     ``cfg`` is normalised, with every key (:func:`normalize_config`)."""
@@ -570,6 +617,11 @@ def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -
         what = f"{warps // 4} warpgroups" if warps % 4 == 0 else f"{warps} warps"
         out.append(f"warp_policy='full_row' stacks the {what} along M (each warp takes whole rows), so block_M "
                    f"must be a multiple of {16 * warps}, got {cfg['block_M']}; use warp_policy='square'")
+    if cfg["split_reduce"] == "cluster":
+        out += _cluster_split_problems(cfg)
+        if problem is not None and _ceil_div(problem.N, cfg["block_N"]) > MAX_GRID_YZ:
+            out.append(f"split_reduce='cluster' puts the {_ceil_div(problem.N, cfg['block_N'])} tiles along N on the "
+                       f"grid's y axis, over CUDA's limit of {MAX_GRID_YZ}; use split_reduce='workspace'")
     if cfg["variant"] in WS_VARIANTS:
         out += _ws_problems(problem, cfg)
     elif cfg["cluster"] != "1x1":
@@ -598,11 +650,32 @@ def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any], c_on_ring: boo
     return (max(ring, c_tile) if c_on_ring else ring + c_tile) + 1024
 
 
+def _cluster_split_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping[str, Any]) -> list[str]:
+    """``split_reduce="cluster"`` on one GPU: clusters and their shared-memory copies (Hopper), and the larger
+    of the stages and the reduction's tiles in one block's shared memory."""
+    if not arch.has_tma:
+        return [f"split_reduce='cluster' sums the splits in a thread-block cluster's shared memory (sm_90 or "
+                f"newer); {arch.name} is sm_{arch.compute_capability[0]}{arch.compute_capability[1]}; use "
+                f"split_reduce='workspace'"]
+    need = cluster_split_smem_bytes(problem, cfg)
+    if need > arch.smem_per_block:
+        tiles = 2 * cfg["block_M"] * cfg["block_N"] * problem.accum_bytes
+        fix = ("use a smaller tile (the two fp32 tiles must fit whatever the stages) or split_reduce='workspace'"
+               if tiles + 1024 > arch.smem_per_block else "use fewer stages")
+        return [f"split_reduce='cluster' {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
+                f"{cfg['num_stages']} needs {need} bytes of shared memory (the larger of its A/B stages and two "
+                f"fp32 {cfg['block_M']}x{cfg['block_N']} tiles for the sum), over {arch.name}'s "
+                f"{arch.smem_per_block} per block; {fix}"]
+    return []
+
+
 def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping[str, Any],
                              c_on_ring: bool = False) -> list[str]:
     """The kernel-only keys' rules on one GPU (``cfg`` normalised, with every key): the ws variant needs
     Hopper's wgmma, TMA and setmaxnreg, and its ring plus C tile (C within the ring with ``c_on_ring``)
     must fit the GPU's shared memory."""
+    if cfg["split_reduce"] == "cluster":
+        return _cluster_split_arch_problems(problem, arch, cfg)
     if cfg["variant"] not in WS_VARIANTS:
         return []
     if not (arch.has_wgmma and arch.has_tma):

@@ -93,6 +93,18 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["ws-TN-bf16-subwave-full_row-cluster1x2-odd"] = (104, 2800, 1000, dict(
         MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2"), dict(
         trans_A=True, trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
+    # split-K summed in the cluster's shared memory (split_reduce="cluster"): every layout, both dtypes, M and
+    # N tiles cut, a split whose last K range runs past K, 8 splits of 8 rows each, 128-row tiles on 256 threads
+    CS = dict(SMALL_M, enable_rasterization=False, split_reduce="cluster")
+    CASES["clustersplit-NT-fp16-s4"] = (64, 4096, 4096, CS, dict(split_k=4))
+    CASES["clustersplit-NN-bf16-s2-odd"] = (100, 4097, 4000, CS, dict(split_k=2, trans_B=False, in_dtype="bfloat16",
+                                                                      out_dtype="bfloat16"))
+    CASES["clustersplit-TN-fp16-s8-out-fp32"] = (256, 1000, 4097, CS, dict(split_k=8, trans_A=True, trans_B=False,
+                                                                           out_dtype="float32"))
+    CASES["clustersplit-TT-bf16-s4-K-tail"] = (72, 1000, 1000, CS, dict(split_k=4, trans_A=True, in_dtype="bfloat16",
+                                                                        out_dtype="bfloat16"))
+    CASES["clustersplit-NT-fp16-128row-s4"] = (128, 4096, 14336, dict(MID, block_K=128, enable_rasterization=False,
+                                                                      split_reduce="cluster"), dict(split_k=4))
     CASES["ws-NT-fp8"] = (2048, 2048, 1024, dict(WS, block_K=128), dict(in_dtype="float8_e4m3",
                                                                         out_dtype="float16"))
     # Ping-pong: two warpgroups alternate over a CTA's tiles. 13 CTAs on 128 tiles give some CTAs an even
@@ -175,7 +187,9 @@ def test_correct_against_torch(name, compiled):
     A, B, ref = make_inputs(M, N, K, in_dtype, kw.get("trans_A", False), kw.get("trans_B", True))
     C = torch.full((M, N), float("nan"), device="cuda", dtype=mm.torch_dtype(kw.get("out_dtype", "float16")))
     # a split-K config's workspace W is a scratch parameter (autotuner.scratch) before C: NaN, as given
-    W = [torch.full((kw["split_k"], M, N), float("nan"), device="cuda")] if kw.get("split_k", 1) > 1 else []
+    # (split_reduce="cluster" sums in shared memory: no workspace)
+    workspace = kw.get("split_k", 1) > 1 and cfg.get("split_reduce", "workspace") == "workspace"
+    W = [torch.full((kw["split_k"], M, N), float("nan"), device="cuda")] if workspace else []
     assert scratch.positions(jit) == ([2] if W else [])
     jit(A, B, *W, C)
     torch.cuda.synchronize()
@@ -192,12 +206,13 @@ def test_correct_against_torch(name, compiled):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="the hand-scheduled loop needs Hopper")
-@pytest.mark.parametrize("form", ["pingpong", "cluster2x1", "cluster1x2"])
+@pytest.mark.parametrize("form", ["pingpong", "cluster2x1", "cluster1x2", "clustersplit"])
 def test_the_hopper_loop_with_a_symbolic_m_is_right_at_every_m(form):
     """One kernel with M symbolic, as the op compiles one per bucket of M (templates/matmul/op.py). Ping-pong
     runs at Ms whose 128x128 tiles give the 132 CTAs none or one (M = 1, 100), one or two (1000), four or five
     (2049: odd and even counts a CTA) and seven or eight (4096); the sub-wave cluster forms at 1 to 64 M tiles,
-    odd counts padded to a pair (2x1: along M) or N tiles paired (1x2)."""
+    odd counts padded to a pair (2x1: along M) or N tiles paired (1x2); the cluster-summed split-K with a
+    last row band cut at M (M = 1, 100)."""
     import tilelang
     import tilelang.language as T
 
@@ -206,7 +221,8 @@ def test_the_hopper_loop_with_a_symbolic_m_is_right_at_every_m(form):
     cfg = {"pingpong": dict(MID, num_stages=4, variant="pingpong", persistent=132),
            "cluster2x1": dict(MID, block_M=64, block_N=224, num_stages=5, thread_num=128, variant="ws",
                               cluster="2x1"),
-           "cluster1x2": dict(MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2")}[form]
+           "cluster1x2": dict(MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2"),
+           "clustersplit": dict(SMALL_M, enable_rasterization=False, split_k=4, split_reduce="cluster")}[form]
     jit = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg), target="cuda")
     for M in (1, 100, 1000, 2049, 4096):
         A, B, ref = make_inputs(M, 4096, 4096)

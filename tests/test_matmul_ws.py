@@ -230,7 +230,7 @@ def test_config_keys_default_to_the_grid_program_and_round_trip():
     assert mm.MatmulConfig.from_dict(cfg.to_dict()) == cfg
     plain = mm.MatmulConfig(**{**WS, "variant": "pipelined"})
     assert "variant" not in plain.to_dict() and "cluster" not in plain.to_dict()
-    assert set(mm.CONFIG_KEYS[-2:]) == {"variant", "cluster"}
+    assert set(mm.CONFIG_KEYS[-3:]) == {"variant", "cluster", "split_reduce"}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -318,7 +318,7 @@ def test_require_returns_plain_ints_and_defaults():
     got = require_matmul_config(MatmulProblem(4096, 4096, 4096),
                                 {**cfg(bm=np.int64(128), t=np.int32(256), r=np.bool_(True))}, kernel_keys=True)
     assert got == {**cfg(), "panel_size": 10, "split_k": 1, "warp_policy": "square", "persistent": 0,
-                   "variant": "pipelined", "cluster": "1x1"}
+                   "variant": "pipelined", "cluster": "1x1", "split_reduce": "workspace"}
     assert all(type(v) in (int, bool, str) for v in got.values())
 
 

@@ -17,6 +17,12 @@ not change, ``C`` needs no zero-fill, the result is deterministic (no atomics) a
 plain path. The cost is ``split_k * M * N * 4`` bytes of workspace and ``2 * split_k * M * N * 4`` bytes
 of extra traffic, which only pays when M*N is small next to the work per tile.
 
+``split_reduce="cluster"`` (Hopper) sums the partials without the workspace or the second kernel: a tile's
+``split_k`` CTAs are one thread-block cluster, each stages its fp32 partial in shared memory, sends each
+peer the ``block_M / split_k`` rows that peer sums (a bulk copy into the peer's shared memory, completing
+on its barrier), then sums the partials of its own rows and stores them: one launch, no scratch, and the
+same single rounding.
+
 Two more knobs express what TileLang's grid cannot (``templates.matmul.space.hopper_variants`` proposes
 them on Hopper): ``warp_policy="full_row"`` gives each warpgroup whole rows of the block (one m64n256
 wgmma rather than two m64n128 for a 128x256 block), and ``persistent=n`` launches n CTAs that walk the
@@ -68,7 +74,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
         M = M_var
     in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
     block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
-        persistent, _, _ = (getattr(config, k) for k in CONFIG_KEYS)
+        persistent, _, _, split_reduce = (getattr(config, k) for k in CONFIG_KEYS)
     policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
               "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
     A_shape = (K, M) if trans_A else (M, K)
@@ -145,6 +151,59 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
 
     # split_k > 1: split z owns K tiles [z * k_tiles, (z + 1) * k_tiles); the tail past K reads zeros.
     k_tiles = k_per_split(K, block_K, split_k) // block_K
+
+    @T.macro
+    def split_partial(A, B, A_shared, B_shared, C_local, bx, by, bz):
+        """Split ``bz``'s fp32 partial of tile (by, bx) into ``C_local``."""
+        T.clear(C_local)
+        for k in T.Pipelined(k_tiles, num_stages=num_stages):
+            if trans_A:
+                T.copy(A[(bz * k_tiles + k) * block_K, by * block_M], A_shared)
+            else:
+                T.copy(A[by * block_M, (bz * k_tiles + k) * block_K], A_shared)
+            if trans_B:
+                T.copy(B[bx * block_N, (bz * k_tiles + k) * block_K], B_shared)
+            else:
+                T.copy(B[(bz * k_tiles + k) * block_K, bx * block_N], B_shared)
+            T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
+
+    if split_reduce == "cluster":
+        # A tile's splits are one cluster along x. Each CTA stages its fp32 partial P in shared memory
+        # (on the pipeline's stages, which its loop has finished with), then sends band p of P (block_M /
+        # split_k rows) to CTA p's slot R[z] by a bulk shared-memory copy that arrives on CTA p's barrier.
+        # When its split_k copies have landed, a CTA sums its band's partials and stores those rows of C.
+        band = block_M // split_k
+
+        @T.prim_func
+        def main(A: T.Tensor(A_shape, in_dtype), B: T.Tensor(B_shape, in_dtype),
+                 C: T.Tensor((M, N), out_dtype)):
+            with T.Kernel(split_k, T.ceildiv(N, block_N), T.ceildiv(M, block_M), threads=thread_num,
+                          cluster_dims=(split_k, 1, 1)) as (bz, bx, by):
+                A_shared = T.alloc_shared(A_tile, in_dtype)
+                B_shared = T.alloc_shared(B_tile, in_dtype)
+                C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
+                P = T.alloc_shared((block_M, block_N), accum_dtype)
+                R = T.alloc_shared((split_k, band, block_N), accum_dtype)
+                C_band = T.alloc_fragment((band, block_N), accum_dtype)
+                landed = T.alloc_cluster_barrier([split_k])
+                # TileLang launches cluster kernels with programmatic stream serialization: wait for the
+                # kernel before on the stream to finish with memory before reading A or B or writing C
+                T.pdl_sync()
+                split_partial(A, B, A_shared, B_shared, C_local, bx, by, bz)
+                T.copy(C_local, P)
+                T.fence_proxy_async()  # P's stores, before the bulk copies read it
+                T.cluster_sync()  # every CTA's P is written and its stages free for R, its barrier initialised
+                for p in T.unroll(split_k):
+                    T.copy_cluster(P[p * band:(p + 1) * band, :], R[bz, :, :], dst_block=p, remote_barrier=landed[0])
+                T.mbarrier_wait_parity(landed[0], 0)
+                T.clear(C_band)
+                for s in T.unroll(split_k):
+                    for i, j in T.Parallel(band, block_N):
+                        C_band[i, j] += R[s, i, j]
+                T.copy(C_band, C[by * block_M + bz * band, bx * block_N])
+                T.cluster_sync()  # no CTA leaves while a copy still reads its P
+
+        return main
     red_M, red_N, red_threads = 16, 128, 128  # the reduction: 16 fp32 partial sums per thread and split
 
     # W, the partials, is a scratch parameter (autotuner.scratch), allocated per call by the caller through
@@ -158,17 +217,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
             B_shared = T.alloc_shared(B_tile, in_dtype)
             C_local = T.alloc_fragment((block_M, block_N), accum_dtype)
             T.use_swizzle(panel_size=panel_size, enable=enable_rasterization)
-            T.clear(C_local)
-            for k in T.Pipelined(k_tiles, num_stages=num_stages):
-                if trans_A:
-                    T.copy(A[(bz * k_tiles + k) * block_K, by * block_M], A_shared)
-                else:
-                    T.copy(A[by * block_M, (bz * k_tiles + k) * block_K], A_shared)
-                if trans_B:
-                    T.copy(B[bx * block_N, (bz * k_tiles + k) * block_K], B_shared)
-                else:
-                    T.copy(B[(bz * k_tiles + k) * block_K, bx * block_N], B_shared)
-                T.gemm(A_shared, B_shared, C_local, transpose_A=trans_A, transpose_B=trans_B, policy=policy)
+            split_partial(A, B, A_shared, B_shared, C_local, bx, by, bz)
             T.copy(C_local, W[bz, by * block_M, bx * block_N])
         with T.Kernel(T.ceildiv(N, red_N), T.ceildiv(M, red_M), threads=red_threads) as (rx, ry):
             C_sum = T.alloc_fragment((red_M, red_N), accum_dtype)
@@ -203,6 +252,7 @@ def kernel(
     persistent: int = 0,
     variant: str = "pipelined",
     cluster: str = "1x1",
+    split_reduce: str = "workspace",
 ) -> "PrimFunc":
     """:func:`program` with loose arguments: the kernel function with reserved parameters, as TileLang's
     examples write it (``functools.partial(kernel, M, N, K)`` is a kernel for TileLang's AutoTuner).
@@ -211,5 +261,5 @@ def kernel(
     config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
                           thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
                           split_k=split_k, warp_policy=warp_policy, persistent=persistent, variant=variant,
-                          cluster=cluster)
+                          cluster=cluster, split_reduce=split_reduce)
     return program(problem, config)

@@ -63,6 +63,7 @@ __all__ = [
     "validate",
     "ws_variants_for",
     "subwave_cluster_variants_for",
+    "cluster_split_variants_for",
 ]
 
 #: TileLang's GEMM grid (its ``example_gemm_autotune``), in the measured files' order.
@@ -414,6 +415,43 @@ def subwave_cluster_variants_for(problem: MatmulProblem, configs: Sequence[Matmu
     return out[:SUBWAVE_MAX_FORMS]
 
 
+#: The most cluster-summed split-K forms (:func:`cluster_split_variants_for`) one problem gets, and their split.
+CLUSTER_SPLIT_MAX_FORMS = 2
+CLUSTER_SPLIT = 2
+
+
+def cluster_split_variants_for(problem: MatmulProblem, ranked: Sequence[MatmulConfig],
+                               arch: GPUArch) -> list[MatmulConfig]:
+    """The best-ranked configs among ``ranked`` (the carver's ranking, best first) that split K in
+    :data:`CLUSTER_SPLIT` and whose grid of CTAs fits in one wave, with their partials summed in their
+    cluster's shared memory (``split_reduce="cluster"``): no fp32 workspace written to memory and read back, no
+    second kernel, and a call with one launch and nothing to allocate. :data:`CLUSTER_SPLIT_MAX_FORMS` at most;
+    Hopper only (clusters and their shared-memory copies). The carver prices a config as the workspace program;
+    the workspace's cost is the same for every config of one problem and split, so its order among them stands.
+
+    The evidence (one H200, 2026-12-02, ``benchmarks/wave_tail.py`` back to back in interleaved rounds with
+    cuBLAS; ``benchmarks/data/splitk-cluster-2026-12-02-h200``), cuBLAS's time over ours:
+
+    * split in 2, one wave or less: 64x4096x14336 (64x64 tiles) 1.140 against 1.020 with the workspace and 1.085
+      for the best unsplit config; 32x4096x14336 1.080 against 0.956 and 1.016; 64x4096x4096 1.488 against 0.702
+      and 1.396;
+    * split in 2 over one wave (224-256 CTAs): 0.92-0.95, behind the unsplit configs (1.00-1.06);
+    * split in 4 (clusters of 4, 128 CTAs): 0.61-0.89, behind the workspace's 0.92-1.00 on every shape tried."""
+    if not arch.has_tma:
+        return []
+    out: list[MatmulConfig] = []
+    for cfg in ranked:
+        if (cfg.split_k, cfg.split_reduce, cfg.variant) != (CLUSTER_SPLIT, "workspace", "pipelined") \
+                or CLUSTER_SPLIT * _tiles(problem, cfg) > arch.sm_count:
+            continue
+        form = dataclasses.replace(cfg, split_reduce="cluster", enable_rasterization=False, panel_size=10)
+        if form not in out and not check(problem, form, arch):
+            out.append(form)
+        if len(out) == CLUSTER_SPLIT_MAX_FORMS:
+            break
+    return out
+
+
 #: The ping-pong form (:func:`pingpong_variants_for`) is proposed up to this many K tiles of 64 ...
 PINGPONG_MAX_K_ITERS = 64
 #: ... and where its 128x128 tiles give every resident CTA at least this many tiles to alternate on,
@@ -475,7 +513,8 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
                split_k: bool = True) -> list[MatmulConfig]:
     """The carver's top ``topk`` hints for ``arch``, best first, then the row-tile hedge
     (:func:`row_tile_hedge`), then (with ``split_k``) split-K variants
-    of the top two when their tiles fill less than one wave and (with ``variants``, on a GPU with wgmma)
+    of the top two when their tiles fill less than one wave, with the cluster-summed form of the best-ranked
+    configs split in two on Hopper (:func:`cluster_split_variants_for`), and (with ``variants``, on a GPU with wgmma)
     the Hopper variants of the top three (the row-wise warp split, the persistent kernel and, where the
     carver's ws term predicts it pays, the hand-scheduled loop), the clustered loop of the hints whose grids
     fill part of one wave (:func:`subwave_cluster_variants_for`), and the ping-pong loop where K is short
@@ -489,6 +528,7 @@ def candidates(problem: MatmulProblem, arch: GPUArch | None, topk: int, variants
     out = hints + [c for c in row_tile_hedge(problem, ranked) if c not in hints]
     if split_k:
         out += split_k_variants(problem, hints, arch.sm_count)
+        out += [c for c in cluster_split_variants_for(problem, ranked, arch) if c not in out]
     if variants and arch.has_wgmma:
         out += hopper_variants_for(problem, hints, arch.sm_count, arch.smem_per_block)
         out += [c for c in ws_variants_for(problem, hints, arch) if c not in out]
