@@ -130,3 +130,19 @@ def test_it_compiles_for_sm90a_as_one_cluster_kernel(M, N, K, cfg, kw):
     # its shared memory is what the rule counts: the reduction's two tiles sit on the pipeline's stages
     smem = [int(x) for x in re.findall(r"\(int64_t\)(\d+)\)", host)]
     assert cluster_split_smem_bytes(problem, {**cfg}) - 1024 in smem, smem
+
+
+@pytest.mark.nvcc
+def test_it_compiles_for_sm90a_with_a_symbolic_m():
+    """The drop-in op compiles one kernel per bucket of M with M symbolic (templates/matmul/op.py): the last row
+    band is cut at M by the store's predication."""
+    import tilelang
+    import tilelang.language as T
+    from tvm.target import Target
+
+    from templates.matmul import op as mop
+
+    jit = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **CS), out_idx=[-1],
+                           target=Target({"kind": "cuda", "arch": "sm_90a"}))
+    src = jit.get_kernel_source()
+    assert "int M" in src and src.count("tl::tma_store_cluster(") == 1

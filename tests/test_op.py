@@ -218,8 +218,10 @@ def test_the_ops_kernels_time_candidates_back_to_back_unless_told_otherwise():
     for kk in (op.gemm, op.gemv):
         t = kk.tuner(kk.make_key({**key, "M": 128 if kk is op.gemm else 4})).timing_settings
         assert (t.timing, t.sustain_s) == ("back_to_back", 0.05)
-    t = mop.MatmulOp(target=SM90, tuning_args={"timing": "burst"}).gemm.tuner(op.gemm.make_key(key)).timing_settings
-    assert t.timing == "burst"
+        assert (t.finalist_margin, t.max_finalists) == (mop.FINALIST_MARGIN, mop.MAX_FINALISTS) == (0.08, 6)
+    t = mop.MatmulOp(target=SM90, tuning_args={"timing": "burst", "finalist_margin": 0.03}).gemm.tuner(
+        op.gemm.make_key(key)).timing_settings
+    assert (t.timing, t.finalist_margin, t.max_finalists) == ("burst", 0.03, 6)
 
 
 def test_configure_replaces_the_process_op():

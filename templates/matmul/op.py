@@ -53,8 +53,8 @@ from .program import program
 from .reference import ref_program
 from .space import predicted_ms
 
-__all__ = ["GEMM_NAME", "GEMV_EDGES", "GEMV_NAME", "KEY", "REFINE_MIN_GAIN", "Linear", "MatmulOp", "configure", "gemm",
-           "get_op", "matmul"]
+__all__ = ["FINALIST_MARGIN", "GEMM_NAME", "GEMV_EDGES", "GEMV_NAME", "KEY", "MAX_FINALISTS", "REFINE_MIN_GAIN",
+           "Linear", "MatmulOp", "configure", "gemm", "get_op", "matmul"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,13 @@ GEMV_EDGES = (1, 2, 4, 8, GEMV_MAX_M)
 #: inbucket/): refined, seven ran 1.09-1.84x faster, the two predicted 1.13 ran 1.03x and 0.98x.
 REFINE_MIN_GAIN = 1.10
 _DTYPES = (torch.float16, torch.bfloat16)
+#: The op's finalist cut (:class:`autotuner.settings.TimingSettings`; the autotuner's default is 3% and 8). A
+#: candidate's one timing back to back ran 6-10% faster than the same kernel in the finalist rounds on an
+#: H200 (2026-12-02, ``benchmarks/data/splitk-cluster-2026-12-02-h200/mlp``: 2048 tokens' gate, finalists' round
+#: medians 395.6-409.2 us, left-out candidates' single timings 380.0-380.7 us; the 128-token down projection,
+#: 46.1-54.1 us against 44.5 us), and by how much depends on what ran before it: a 3% cut left out candidates the
+#: rounds never compared. With this cut the 12 keys' rounds took 14.2 s against 13.6 s (``margin/`` there).
+FINALIST_MARGIN, MAX_FINALISTS = 0.08, 6
 
 
 def gemm(M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, block_K: int, num_stages: int,
@@ -119,7 +126,9 @@ class MatmulOp:
         # 7-stage kernel that wins the down projection at 128 rows when each call is timed after an L2
         # flush (1.01x cuBLAS) runs 0.88x cuBLAS back to back, where a split-K 64x128 runs 0.98x
         # (benchmarks/data/few-rows-2026-11-22-h200); the short heat is for the back-to-back, not the clock
-        tuning = {"progress": False, "timing": "back_to_back", "sustain_s": 0.05, **(tuning_args or {})}
+        # finalists: every candidate within FINALIST_MARGIN of the fastest first timing, up to MAX_FINALISTS
+        tuning = {"progress": False, "timing": "back_to_back", "sustain_s": 0.05, "finalist_margin": FINALIST_MARGIN,
+                  "max_finalists": MAX_FINALISTS, **(tuning_args or {})}
         self.gemm = KeyedKernel(gemm, KEY, self._gemm_configs, buckets={"M": Buckets.pow2()},
                                 dynamic=["M"] if dynamic else (), name=GEMM_NAME, compile_args=compile_args,
                                 tuning_args=tuning, validate=self._gemm_check,
