@@ -48,14 +48,27 @@ class ConfigArrays:
     enable_rasterization: np.ndarray
     panel_size: np.ndarray
     split_k: np.ndarray
+    #: bool: the splits are summed in a cluster's shared memory (``split_reduce="cluster"``), not in a global
+    #: workspace by a second kernel; all False when not given (the carver's own search space)
+    cluster_reduce: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.cluster_reduce is None:
+            object.__setattr__(self, "cluster_reduce", np.zeros(len(self.block_M), dtype=bool))
 
     @classmethod
     def from_configs(cls, configs: list[dict]) -> ConfigArrays:
         def col(key: str, default: int | None = None) -> np.ndarray:
             return np.array([int(c.get(key, default)) for c in configs], dtype=np.int64)
 
+        cluster = np.array([c.get("split_reduce", "workspace") == "cluster" for c in configs], dtype=bool)
         return cls(col("block_M"), col("block_N"), col("block_K"), col("num_stages"), col("thread_num"),
-                   col("enable_rasterization"), col("panel_size", 10), col("split_k", 1))
+                   col("enable_rasterization"), col("panel_size", 10), col("split_k", 1), cluster)
+
+    def workspace_split(self) -> np.ndarray:
+        """bool: the config splits K and sums its partials through a global fp32 workspace in a second kernel
+        (``split_reduce="workspace"``, the default)."""
+        return (self.split_k > 1) & ~self.cluster_reduce
 
     def __len__(self) -> int:
         return len(self.block_M)
@@ -69,6 +82,8 @@ class ConfigArrays:
             cfg["panel_size"] = int(self.panel_size[i])
         if int(self.split_k[i]) != 1:
             cfg["split_k"] = int(self.split_k[i])
+        if self.cluster_reduce[i]:
+            cfg["split_reduce"] = "cluster"
         return cfg
 
 

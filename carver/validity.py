@@ -56,9 +56,11 @@ __all__ = [
     "WS_VARIANTS",
     "C_ON_RING",
     "GRID_SMEM_MARK",
+    "RULE_KEYS",
     "check_matmul_config",
     "cluster_shape",
     "cluster_split_smem_bytes",
+    "cluster_splits",
     "explain_no_legal_config",
     "kernel_key_arch_problems",
     "kernel_key_problems",
@@ -79,6 +81,10 @@ OPTIONAL_KEYS: dict[str, int] = {"panel_size": 10, "split_k": 1}
 #: Keys only the kernel takes (the carver ranks the grid's program without them), with their defaults.
 KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "variant": "pipelined", "cluster": "1x1",
                                "split_reduce": "workspace"}
+#: The kernel keys the carver's rules read (a config may give them to :func:`check_matmul_config` without
+#: ``kernel_keys``): a split summed in its cluster (``split_reduce="cluster"``) has no workspace in device
+#: memory and no reduction grid.
+RULE_KEYS: tuple[str, ...] = ("split_reduce",)
 #: ``warp_policy`` values: how ``T.gemm`` splits the block over warps (TileLang's ``GemmWarpPolicy``).
 WARP_POLICIES: tuple[str, ...] = ("square", "full_row", "full_col")
 #: ``variant`` values: TileLang's ``T.Pipelined`` main loop, or the hand-scheduled warp-specialised one
@@ -211,9 +217,10 @@ def split_k_limit(K: int, block_K: int) -> int:
 
 
 def _bytes_needed(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
-    """A, B and C plus the split-K workspace (split_k fp32 partial C's), as float64 (no overflow)."""
+    """A, B and C plus the split-K workspace (split_k fp32 partial C's; none when the splits are summed in a
+    cluster), as float64 (no overflow)."""
     split = c.split_k.astype(np.float64)
-    work = np.where(split > 1, split * float(p.M) * float(p.N) * p.accum_bytes, 0.0)
+    work = np.where(c.workspace_split(), split * float(p.M) * float(p.N) * p.accum_bytes, 0.0)
     return float(p.operand_bytes) + work
 
 
@@ -300,7 +307,7 @@ def _msg_split(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
 def _grid_broken(p: MatmulProblem, c: ConfigArrays) -> np.ndarray:
     rows = _ceil_div(p.M, np.maximum(c.block_M, 1))
     reduce_rows = _ceil_div(p.M, SPLIT_K_REDUCE_ROWS)
-    return (rows > MAX_GRID_YZ) | ((c.split_k > 1) & (reduce_rows > MAX_GRID_YZ))
+    return (rows > MAX_GRID_YZ) | (c.workspace_split() & (reduce_rows > MAX_GRID_YZ))
 
 
 def _msg_grid(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
@@ -312,13 +319,26 @@ def _msg_grid(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
                 f"(gridDim.y); use block_M >= {need}, or compute C^T = B^T @ A^T (swap M and N and flip "
                 f"trans_A/trans_B: the N tiles run along gridDim.x, which goes to 2**31 - 1)")
     return (f"split_k={int(c.split_k[i])} sums its partials with {_ceil_div(p.M, SPLIT_K_REDUCE_ROWS)} rows of CTAs "
-            f"for M={p.M}, over CUDA's grid limit of {MAX_GRID_YZ}; use split_k=1 (split-K is for small M)")
+            f"for M={p.M}, over CUDA's grid limit of {MAX_GRID_YZ}; use split_k=1 (split-K is for small M), or "
+            f"split_reduce='cluster' on Hopper (no second kernel)")
+
+
+def _memory_message(p: MatmulProblem, c: ConfigArrays, i: int, have_bytes: float, have: str) -> str:
+    """Why A, B and C (and a workspace split's fp32 partials) do not fit ``have_bytes``, and the fix: a split
+    whose workspace fits, or, when the operands alone are too large, that no config fits."""
+    need, s = float(_bytes_needed(p, c)[i]), int(c.split_k[i])
+    if float(p.operand_bytes) > have_bytes:
+        return (f"{p.describe()} needs {float(p.operand_bytes):.0f} bytes ({_gib(float(p.operand_bytes))}) for A, B "
+                f"and C alone, over {have}; no config fits: split the problem (e.g. along N) across calls or GPUs")
+    per_split = float(p.M) * float(p.N) * p.accum_bytes
+    fits = int((have_bytes - float(p.operand_bytes)) // per_split)
+    fix = f"split_k <= {fits}" if fits >= 2 else "split_k=1"
+    return (f"{p.describe()} with split_k={s} needs {need:.0f} bytes ({_gib(need)}) with its fp32 workspace of {s} "
+            f"partial C's, over {have}; use {fix}, or split_reduce='cluster' on Hopper (no workspace)")
 
 
 def _msg_memory_any(p: MatmulProblem, c: ConfigArrays, i: int) -> str:
-    need = float(_bytes_needed(p, c)[i])
-    return (f"split_k={int(c.split_k[i])} needs {need:.0f} bytes ({_gib(need)}) with its fp32 workspace for "
-            f"{p.describe()}, more than any GPU holds (bound {_gib(MAX_DEVICE_BYTES)}); use a smaller split_k")
+    return _memory_message(p, c, i, MAX_DEVICE_BYTES, f"what any GPU holds (bound {_gib(MAX_DEVICE_BYTES)})")
 
 
 #: Rules no GPU escapes, in the order their messages are reported. ``templates.matmul`` checks these
@@ -398,11 +418,9 @@ def _memory_broken(p: MatmulProblem, a: GPUArch, lw: Lowering) -> np.ndarray:
 
 
 def _msg_memory(p: MatmulProblem, a: GPUArch, lw: Lowering, i: int) -> str:
-    need = float(_bytes_needed(p, lw.cfg)[i])
-    have = f"{a.name}'s {_gib(a.memory_bytes)} of device memory" if a.memory_bytes else \
-        f"what any GPU holds (bound {_gib(MAX_DEVICE_BYTES)})"
-    return (f"{p.describe()} with split_k={int(lw.cfg.split_k[i])} needs {need:.0f} bytes ({_gib(need)}) with its "
-            f"fp32 workspace, over {have}; use a smaller split_k")
+    if not a.memory_bytes:
+        return _msg_memory_any(p, lw.cfg, i)
+    return _memory_message(p, lw.cfg, i, a.memory_bytes, f"{a.name}'s {_gib(a.memory_bytes)} of device memory")
 
 
 #: The rules of one GPU, in the order their messages are reported (after :data:`CONFIG_RULES`).
@@ -459,8 +477,10 @@ def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, l
     if not isinstance(config, Mapping):
         return None, [(TypeError, f"a matmul config must be a dict, got {config!r} of type {type(config).__name__}")]
     optional = {**OPTIONAL_KEYS, **(KERNEL_KEYS if kernel_keys else {})}
+    # the kernel keys the carver's own rules read, checked and kept where given (not filled in)
+    read = tuple(k for k in RULE_KEYS if k in config and k not in optional)
     problems: list[tuple[type, str]] = []
-    unknown = [k for k in config if k not in CONFIG_KEYS and k not in optional]
+    unknown = [k for k in config if k not in CONFIG_KEYS and k not in optional and k not in read]
     if unknown:
         problems.append((ValueError, f"unknown config key(s) {unknown}; a matmul config takes "
                                      f"{list(CONFIG_KEYS) + list(optional)}"))
@@ -469,7 +489,7 @@ def _normalize(config: Any, kernel_keys: bool) -> tuple[dict[str, Any] | None, l
         problems.append((ValueError, f"config {dict(config)} lacks {missing}; every matmul config sets "
                                      f"{list(CONFIG_KEYS)}"))
     out: dict[str, Any] = {}
-    for key in CONFIG_KEYS + tuple(optional):
+    for key in CONFIG_KEYS + tuple(optional) + read:
         if key not in config:
             if key in optional:
                 out[key] = optional[key]
@@ -569,20 +589,37 @@ def _ws_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -> list[
     return out
 
 
+def _band_splits_threads(band: int, threads: int) -> bool:
+    """TileLang lays a fragment of ``band`` elements over ``threads`` threads only when one divides the other
+    (else its layout inference fails: "no available layout found")."""
+    return band % threads == 0 or threads % band == 0
+
+
+def cluster_splits(block_M: int, block_N: int, thread_num: int) -> list[int]:
+    """The splits ``split_reduce="cluster"`` can take for a tile: 2 to :data:`MAX_CLUSTER_SIZE` CTAs that
+    divide block_M into bands of rows whose elements TileLang can lay over the threads."""
+    return [s for s in range(2, MAX_CLUSTER_SIZE + 1)
+            if block_M % s == 0 and _band_splits_threads(block_M // s * block_N, thread_num)]
+
+
 def _cluster_split_problems(cfg: Mapping[str, Any]) -> list[str]:
     """What ``split_reduce="cluster"`` needs: a split of 2-8 CTAs (one cluster per tile), a tile whose rows
-    divide among them, and the grid's x axis for the cluster (no rasterization, no other cluster)."""
+    divide among them into bands the threads can share out, and the grid's x axis for the cluster (no
+    rasterization, no other cluster)."""
     out = []
-    s, bm = cfg["split_k"], cfg["block_M"]
+    s, bm, bn, t = cfg["split_k"], cfg["block_M"], cfg["block_N"], cfg["thread_num"]
+    fits = cluster_splits(bm, bn, t)
+    fix = f"use split_k in {fits} or split_reduce='workspace'" if fits else "use split_reduce='workspace'"
     if not 2 <= s <= MAX_CLUSTER_SIZE:
         out.append(f"split_reduce='cluster' makes a tile's split_k CTAs one thread-block cluster, of 2 to "
-                   f"{MAX_CLUSTER_SIZE} CTAs (CUDA's portable cluster size), got split_k={s}; use split_k=2, 4 or 8, "
-                   f"or split_reduce='workspace'")
+                   f"{MAX_CLUSTER_SIZE} CTAs (CUDA's portable cluster size), got split_k={s}; {fix}")
     elif bm % s:
-        fits = [t for t in range(2, MAX_CLUSTER_SIZE + 1) if bm % t == 0]
         out.append(f"split_reduce='cluster' has each of the split_k={s} CTAs sum block_M / split_k rows of the tile, "
-                   f"so block_M={bm} must be a multiple of split_k; use split_k in {fits} or "
-                   f"split_reduce='workspace'")
+                   f"so block_M={bm} must be a multiple of split_k; {fix}")
+    elif t > 0 and not _band_splits_threads(bm // s * bn, t):
+        out.append(f"split_reduce='cluster' has each CTA sum a band of block_M / split_k = {bm // s} rows by "
+                   f"block_N={bn}, {bm // s * bn} elements, which TileLang lays over thread_num={t} threads only if "
+                   f"one divides the other; {fix}")
     if cfg["enable_rasterization"]:
         out.append("split_reduce='cluster' runs the splits of a tile along the grid's x axis, which TileLang's "
                    "rasterization would remap; use enable_rasterization=False (split-K grids have few rows of "
@@ -660,8 +697,11 @@ def _cluster_split_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Map
     need = cluster_split_smem_bytes(problem, cfg)
     if need > arch.smem_per_block:
         tiles = 2 * cfg["block_M"] * cfg["block_N"] * problem.accum_bytes
+        stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
+        fit = (arch.smem_per_block - 1024) // stage
         fix = ("use a smaller tile (the two fp32 tiles must fit whatever the stages) or split_reduce='workspace'"
-               if tiles + 1024 > arch.smem_per_block else "use fewer stages")
+               if tiles + 1024 > arch.smem_per_block else
+               f"use num_stages <= {fit}" if fit >= 1 else "use a smaller block_K or tile")
         return [f"split_reduce='cluster' {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
                 f"{cfg['num_stages']} needs {need} bytes of shared memory (the larger of its A/B stages and two "
                 f"fp32 {cfg['block_M']}x{cfg['block_N']} tiles for the sum), over {arch.name}'s "

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from carver.arch import CUDA
-from carver.validity import MAX_CLUSTER_SIZE, check_matmul_config, cluster_split_smem_bytes
+from carver.validity import MAX_CLUSTER_SIZE, check_matmul_config, cluster_split_smem_bytes, cluster_splits
 from templates import matmul as mm
 from templates.matmul import space
 from templates.matmul.config import MatmulConfig
@@ -39,8 +39,10 @@ def test_a_legal_form_passes_and_defaults_to_the_workspace():
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"split_k": 1}, ["split_k=1", "split_k=2, 4 or 8", "split_reduce='workspace'"]),
+    ({"split_k": 1}, ["split_k=1", "split_k in [2, 4, 8]", "split_reduce='workspace'"]),
     ({"split_k": MAX_CLUSTER_SIZE + 1}, [f"split_k={MAX_CLUSTER_SIZE + 1}", "2 to 8"]),
+    # the fix lists the splits that divide the tile, not a fixed 2, 4 or 8
+    ({"block_M": 48, "thread_num": 128, "split_k": 1}, ["split_k in [2, 3, 4, 6, 8]"]),
     ({"split_k": 3}, ["block_M=64", "split_k=3", "split_k in [2, 4, 8]"]),
     ({"enable_rasterization": True}, ["enable_rasterization=False"]),
     ({"variant": "ws", "thread_num": 128}, ["variant='ws'", "split_reduce='workspace'"]),
@@ -53,13 +55,78 @@ def test_each_rule_names_the_value_and_the_fix(change, words):
         assert w in msg, (w, msg)
 
 
+#: (block_M, block_N, thread_num, split_k): tiles whose band of block_M / split_k rows TileLang cannot lay over the
+#: threads ("no available layout found", tilelang 0.1.15), and their neighbours, which it can
+BANDS_REFUSED = [(192, 128, 384, 3), (128, 24, 256, 8), (64, 24, 128, 8)]
+BANDS_TAKEN = [(192, 128, 256, 3), (192, 128, 384, 2), (128, 24, 256, 4), (64, 24, 128, 4), (64, 24, 128, 2),
+               (64, 8, 128, 8), (128, 8, 128, 8), (64, 40, 128, 2)]
+
+
+def _band_cfg(bm, bn, t, s):
+    return {**CS, "block_M": bm, "block_N": bn, "thread_num": t, "split_k": s, "block_K": 64, "num_stages": 2}
+
+
+@pytest.mark.parametrize("bm,bn,t,s", BANDS_REFUSED)
+def test_a_band_the_threads_cannot_share_out_is_refused_with_splits_that_can(bm, bn, t, s):
+    (msg,) = problems_of(_band_cfg(bm, bn, t, s))
+    band = bm // s * bn
+    assert f"{band} elements" in msg and f"block_N={bn}" in msg and f"thread_num={t}" in msg, msg
+    fits = cluster_splits(bm, bn, t)
+    assert fits and s not in fits and f"split_k in {fits}" in msg
+    for ok in fits:  # every split the fix names passes the rule
+        assert not any("band" in m for m in problems_of(_band_cfg(bm, bn, t, ok))), ok
+
+
+@pytest.mark.parametrize("bm,bn,t,s", BANDS_TAKEN)
+def test_bands_that_divide_or_are_divided_by_the_threads_pass(bm, bn, t, s):
+    assert problems_of(_band_cfg(bm, bn, t, s)) == []
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("bm,bn,t,s", BANDS_REFUSED + BANDS_TAKEN)
+def test_the_band_rule_is_tilelangs(bm, bn, t, s, monkeypatch):
+    """The rule refuses what TileLang's layout inference refuses, and no more (lowered for sm_90a; the program
+    is built past the rules for the refused ones)."""
+    import tilelang
+    from tvm.target import Target
+
+    from templates.matmul import program as program_module
+
+    monkeypatch.setattr(program_module, "require_matmul_config", lambda *args, **kwargs: None)
+    problem = mm.make_problem(2 * bm, 4 * bn, 64 * s * 2)
+    func = program(problem, MatmulConfig(**_band_cfg(bm, bn, t, s)))
+    with Target({"kind": "cuda", "arch": "sm_90a"}):
+        if (bm, bn, t, s) in BANDS_TAKEN:
+            tilelang.lower(func)
+        else:
+            with pytest.raises(Exception, match="no available layout found"):
+                tilelang.lower(func)
+
+
+def test_the_workspace_rules_do_not_bind_the_cluster_sum():
+    """The cluster form writes no workspace and launches no reduction grid: the rules on those pass it, and their
+    fixes name it."""
+    cfg = {**CS, "block_K": 64, "num_stages": 3}
+    for M, N, K, words in [(2_000_000, 4096, 14336, "125000 rows of CTAs"),  # the reduction grid's rows
+                           (131072, 131072, 1024, "fp32 workspace of 2 partial C's")]:  # 64 GiB a split
+        assert problems_of(cfg, M, N, K) == [], (M, N, K)
+        (msg,) = problems_of({**cfg, "split_reduce": "workspace"}, M, N, K)
+        assert words in msg and "split_reduce='cluster'" in msg, msg
+    (msg,) = problems_of({**cfg, "split_reduce": "workspace", "split_k": 3}, 131072, 131072, 1024)
+    assert "use split_k=1" in msg  # the largest split whose workspace fits the H200 is 1
+
+
 def test_the_gpu_rules_clusters_and_shared_memory():
     msg = " ".join(problems_of(CS, arch=A100))
     assert "sm_80" in msg and "split_reduce='workspace'" in msg
     # two fp32 128x256 tiles: 256 KB, over Hopper's 227 KB whatever the stages
     big = {**CS, "block_M": 128, "block_N": 256, "block_K": 64, "num_stages": 2}
     msg = " ".join(problems_of(big))
-    assert "263168" in msg and str(H200.smem_per_block) in msg and "smaller tile" in msg and "fewer stages" not in msg
+    assert "263168" in msg and str(H200.smem_per_block) in msg and "smaller tile" in msg and "num_stages <=" not in msg
+    # the stages too many: the fix names the most that fit, and the message is the cluster rule's alone
+    (msg,) = problems_of({**CS, "num_stages": 14})
+    assert "num_stages=14" in msg and "num_stages <= 7" in msg and "two fp32 64x64 tiles" in msg
+    assert problems_of({**CS, "num_stages": 7}) == []
     assert cluster_split_smem_bytes(mm.make_problem(64, 4096, 14336), big) == 2 * 128 * 256 * 4 + 1024
     # the stages when they are the larger
     assert cluster_split_smem_bytes(mm.make_problem(64, 4096, 14336), CS) == 7 * 128 * 128 * 2 + 1024

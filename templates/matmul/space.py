@@ -20,6 +20,7 @@ from carver.problem import MatmulProblem, int_in_range, positive_int, shape_dim
 from carver.validity import (
     C_ON_RING,
     GRID_SMEM_MARK,
+    RULE_KEYS,
     WS_VARIANTS,
     check_matmul_config,
     cluster_shape,
@@ -157,12 +158,13 @@ def validate(tmpl: Any, K: int, in_dtype: str, config: Mapping[str, Any]) -> lis
     if problems:
         return problems
     full = {**EXTRA_DEFAULTS, **cfg}
-    problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS}))
+    problems = list(tmpl.validate({k: v for k, v in cfg.items() if k in CARVER_KEYS or k in RULE_KEYS}))
     arch = getattr(tmpl, "arch", None)
     if isinstance(arch, GPUArch):  # the ws variants' own rules on this GPU (their C tiles, Hopper only)
         ws = kernel_key_arch_problems(problem, arch, {k: v for k, v in full.items() if k != PASS_CONFIGS_KEY},
                                       c_on_ring=_c_on_ring(cfg))
-        if ws and full["variant"] in WS_VARIANTS:  # its shared memory is the ws rule's to count, and to fix
+        # the ws loop's and the cluster sum's shared memory are their own rules' to count, and to fix
+        if ws and (full["variant"] in WS_VARIANTS or full["split_reduce"] == "cluster"):
             problems = [m for m in problems if GRID_SMEM_MARK not in m]
         problems += ws
     separate_c = "" if full["variant"] in WS_VARIANTS else "persistent" if full["persistent"] else (
