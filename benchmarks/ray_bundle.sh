@@ -26,26 +26,5 @@ cat > .gpu/ray.sh <<'SH'
 export PYTHONPATH=$PYTHONPATH:/tmp/site-ray
 SH
 ls -la .gpu/ray-site.tar.xz
-# With TileLang's bundle the carry would pass 64 MiB: drop that bundle's z3 command-line binary and keep one
-# stripped libz3 (libz3.so a symlink), 53 MB -> 37 MB; with the repository's own files (13 MB on 2026-11-29) that
-# was still refused, so also drop what is never read at run time: TileLang's and TVM's C++ sources (their headers
-# stay), TileLang's Ascend and ROCm sources, cutlass's profiler and library tools, tvm_ffi's sources and
-# libbacktrace, the wheels' RECORD files: 37 MB -> 34 MB (libtvm_ffi_testing.so stays: tvm_ffi.core links it).
-# Done once (the marker file says so).
-if [ -f .gpu/site.tar.xz ] && ! tar tJf .gpu/site.tar.xz | grep -q '\.slimmed2$'; then
-  slim=$(mktemp -d)
-  tar xJf .gpu/site.tar.xz -C "$slim"
-  rm -rf "$slim"/z3_solver-*.data/data/bin/z3
-  if [ -f "$slim/z3/lib/libz3.so.4.15" ] && [ ! -L "$slim/z3/lib/libz3.so" ]; then
-    strip --strip-unneeded "$slim/z3/lib/libz3.so.4.15"
-    ln -sf libz3.so.4.15 "$slim/z3/lib/libz3.so"
-  fi
-  find "$slim/tilelang/3rdparty/tvm/src" "$slim/tilelang/src" -name "*.cc" -delete 2>/dev/null || true
-  rm -rf "$slim/tilelang/src/ascend" "$slim/tilelang/src/rocm" "$slim/tilelang/3rdparty/cutlass/tools/profiler" \
-    "$slim/tilelang/3rdparty/cutlass/tools/library" "$slim/tvm_ffi/src" "$slim/tvm_ffi/3rdparty/libbacktrace" \
-    "$slim"/*.dist-info/RECORD
-  touch "$slim/.slimmed" "$slim/.slimmed2"
-  tar cf - -C "$slim" . | xz -9 -T0 > .gpu/site.tar.xz
-  rm -rf "$slim"
-  ls -la .gpu/site.tar.xz
-fi
+# With TileLang's bundle the carry would pass 64 MiB: slim that bundle too (once; benchmarks/gpu_slim.sh says how).
+bash benchmarks/gpu_slim.sh
