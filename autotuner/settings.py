@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["TIMING_BACKENDS", "TIMING_MODES", "CheckSettings", "CompileSettings", "RunSettings", "TimingSettings",
            "check_out_idx", "check_setting", "key_fields", "resolve_out_idx"]
 
-TIMING_MODES = ("burst", "sustained", "back_to_back")
+TIMING_MODES = ("burst", "sustained", "back_to_back", "batched")
 TIMING_BACKENDS = ("event", "cudagraph")
 
 
@@ -216,13 +216,14 @@ class TimingSettings:
 
     @property
     def candidate_mode(self) -> str:
-        """How every candidate is timed (``time_callable``'s mode): back to back only under ``back_to_back``."""
-        return "sustained" if self.timing == "back_to_back" else "burst"
+        """How every candidate is timed (``time_callable``'s mode): back to back only under ``back_to_back`` (each
+        call between two events) and ``batched`` (groups of calls between two events)."""
+        return {"back_to_back": "sustained", "batched": "batched"}.get(self.timing, "burst")
 
     @property
     def finalist_mode(self) -> str:
         """How the finalists, and the reference they are compared with, are timed."""
-        return "burst" if self.timing == "burst" else "sustained"
+        return {"burst": "burst", "batched": "batched"}.get(self.timing, "sustained")
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["METHOD", "Timing", "l2_flush_buffer", "time_callable"]
+__all__ = ["BATCH_CALLS", "METHOD", "MODES", "Timing", "l2_flush_buffer", "time_callable"]
 
 #: Part of the cache key: a change of timing method must not reuse old latencies.
 METHOD = "v2:cuda-events+l2-flush+median|cpu-perf_counter+median|finalists-interleaved-rounds"
+
+#: ``time_callable``'s modes (its docstring says what each does).
+MODES = ("burst", "sustained", "batched")
+#: Calls between two events under ``mode="batched"``: each sample is this many calls back to back, per call.
+BATCH_CALLS = 10
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100 50 MB, H200 60 MB, B200 126 MB)
 _flush_buf: Any = None
@@ -60,10 +65,25 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     flushed only before each replay, so inputs that fit in L2 stay resident after the graph's
     first call: for a memory-bound kernel on small data it measures L2, not HBM.
 
+    ``mode="batched"``: ``sustain_s`` of heat as under ``"sustained"``, then the ``rep`` calls back to back
+    with an event only every :data:`BATCH_CALLS` calls, each sample a group's time per call, as a model's
+    forward issues its kernels (a host slower than the kernel shows, as it does there). An event between
+    every two calls (``"sustained"``) ranks some kernels otherwise: on an H100, at 128 rows of the MLP's gate
+    projection it put a 2-CTA cluster kernel 2% behind a plain one that ran 4% slower in a stream behind the
+    MLP's gated product, where groups of 50 calls ranked both as the stream did, on three keys
+    (``benchmarks/timing_methods.py``, ``benchmarks/data/timing-methods-2026-12-07-h100``; TileLang launches
+    cluster kernels with programmatic stream serialization, whose overlap with the kernel before an event
+    stops: a likely cause, not isolated). Nothing runs between a group's calls, so ``prepare`` is refused.
+
     ``flush="write"`` (default) flushes L2 by zeroing a buffer larger than it, which leaves L2 full of
     dirty lines that the timed call writes back as it evicts them; ``"read"`` flushes by reading that
     buffer, which leaves clean lines, so the call pays only for its own traffic.
     """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if mode == "batched" and prepare is not None:
+        raise ValueError("mode='batched' times calls back to back with nothing between them, so it cannot reset "
+                         "or restore arguments between calls; use mode='sustained' with reset_to_zero/restore_value")
     if flush not in ("write", "read"):
         raise ValueError(f"flush must be 'write' or 'read', got {flush!r}")
     if rep < 1:
@@ -74,6 +94,14 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     if device == "cpu":
         for _ in range(warmup):
             call()
+        if mode == "batched":
+            samples = []
+            for n in _groups(rep):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples.append((time.perf_counter() - t0) * 1e3 / n)
+            return _summary(samples)
         samples = []
         for _ in range(rep):
             if prepare is not None:
@@ -93,7 +121,7 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
 
         for _ in range(warmup):
             fn()
-        if mode == "sustained":
+        if mode != "burst":
             _heat(fn, sustain_s)
         q = do_bench(fn, _n_warmup=1, _n_repeat=rep, backend="cudagraph", quantiles=[0.0, 0.25, 0.5, 0.75])
         return Timing(q[2], q[0], q[3] - q[1], rep)
@@ -101,9 +129,20 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     flush_buf = l2_flush_buffer(device)
     for _ in range(warmup):
         call()
-    if mode == "sustained":
+    if mode != "burst":
         _heat(call, sustain_s)
     torch.cuda.synchronize()
+    if mode == "batched":
+        groups = _groups(rep)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(groups) + 1)]
+        fn()  # untimed: the first group's first call then waits behind a call, not for the host
+        marks[0].record()
+        for mark, n in zip(marks[1:], groups):
+            for _ in range(n):
+                fn()
+            mark.record()
+        torch.cuda.synchronize()
+        return _summary([a.elapsed_time(b) / n for a, b, n in zip(marks, marks[1:], groups)])
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(rep)]
     for i in range(rep):
@@ -119,6 +158,11 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
         ends[i].record()
     torch.cuda.synchronize()
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def _groups(rep: int) -> list[int]:
+    """``rep`` calls as groups of :data:`BATCH_CALLS` (the last one smaller where they do not divide)."""
+    return [BATCH_CALLS] * (rep // BATCH_CALLS) + ([rep % BATCH_CALLS] if rep % BATCH_CALLS else [])
 
 
 def l2_flush_buffer(device: str) -> Any:

@@ -391,8 +391,9 @@ class AutoTuner:
           finalists are re-timed after ``sustain_s`` seconds of back-to-back calls, at the clock the
           GPU holds under load) or ``"back_to_back"`` (every candidate and the finalists timed that
           way, as a model's forward runs its kernels: the op's default, ``templates/matmul/op.py``;
-          each candidate then costs ``sustain_s`` more, so keep it short, e.g. 0.05). The reference
-          is timed the way the finalists are.
+          each candidate then costs ``sustain_s`` more, so keep it short, e.g. 0.05), or ``"batched"``
+          (the same, with an event only every few calls rather than around each: ``autotuner.timing``; not
+          with ``reset_to_zero``/``restore_value``). The reference is timed the way the finalists are.
           ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
           a few microseconds, where launch overhead would dominate).
         * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest (and at least
@@ -479,6 +480,10 @@ class AutoTuner:
         if self.timing_settings.timing_backend == "cudagraph" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
+        if self.timing_settings.timing == "batched" and (c.reset_to_zero or c.restore_value):
+            raise ValueError("timing='batched' times calls back to back with nothing between them, so it cannot "
+                             "reset or restore arguments between calls; use timing='back_to_back' with "
+                             "reset_to_zero/restore_value")
         rs = self.run_settings
         if rs.backend == "ray":  # connects (or starts a local Ray) here, before the run's scratch directory
             from .ray_cluster import resolve_ray_devices

@@ -226,6 +226,23 @@ def test_an_unknown_l2_flush_is_refused_by_name():
     assert time_callable(lambda: None, 0, 2, "cpu", flush="read").reps == 2
 
 
+def test_batched_timing_times_groups_of_calls_with_nothing_between_them():
+    """``mode="batched"``: one sample per group of ``BATCH_CALLS`` calls (the last group what is left), each the
+    group's time per call; an unknown mode and a ``prepare`` (it would run inside a group) are refused."""
+    from autotuner.timing import BATCH_CALLS, time_callable
+
+    calls: list[float] = []
+    t = time_callable(lambda: (calls.append(time.perf_counter()), time.sleep(0.002)), 1, 2 * BATCH_CALLS + 3, "cpu",
+                      mode="batched")
+    assert len(calls) == 1 + 2 * BATCH_CALLS + 3 and t.reps == 3
+    assert 2.0 <= t.min_ms <= t.median_ms < 20.0  # per call, not per group (a group of 10 sleeps is >= 20 ms)
+    assert time_callable(lambda: None, 0, BATCH_CALLS - 1, "cpu", mode="batched").reps == 1
+    with pytest.raises(ValueError, match=r"mode must be one of \['burst', 'sustained', 'batched'\], got 'grouped'"):
+        time_callable(lambda: None, 0, 1, "cpu", mode="grouped")
+    with pytest.raises(ValueError, match="mode='batched' times calls back to back with nothing between them"):
+        time_callable(lambda: None, 0, 1, "cpu", mode="batched", prepare=lambda: None)
+
+
 def test_set_profile_args_newer_signature():
     t = (AutoTuner.from_kernel(add, [dict(block_M=32, block_N=32)])
          .set_compile_args(out_idx=[-1], target="c")
@@ -326,7 +343,8 @@ def test_a_config_may_carry_its_own_pass_configs():
 
 
 @pytest.mark.parametrize("timing, first, finalists", [("burst", "burst", "burst"), ("sustained", "burst", "sustained"),
-                                                      ("back_to_back", "sustained", "sustained")])
+                                                      ("back_to_back", "sustained", "sustained"),
+                                                      ("batched", "batched", "batched")])
 def test_the_timing_setting_says_how_candidates_and_finalists_are_timed(tmp_path, monkeypatch, timing, first,
                                                                         finalists):
     """``back_to_back`` (the matmul op's default) times every candidate as ``sustained`` times the finalists:

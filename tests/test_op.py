@@ -212,12 +212,13 @@ def test_routing_keys_buckets_and_fallback_configs():
         mop.configure(topk=0)
 
 
-def test_the_ops_kernels_time_candidates_back_to_back_unless_told_otherwise():
+def test_the_ops_kernels_time_candidates_in_groups_back_to_back_unless_told_otherwise():
     key = {"M": 128, "N": 4096, "K": 14336, "dtype": "float16"}
     op = mop.MatmulOp(target=SM90)
     for kk in (op.gemm, op.gemv):
         t = kk.tuner(kk.make_key({**key, "M": 128 if kk is op.gemm else 4})).timing_settings
-        assert (t.timing, t.sustain_s) == ("back_to_back", 0.05)
+        assert (t.timing, t.sustain_s) == ("batched", 0.05)
+        assert (t.candidate_mode, t.finalist_mode) == ("batched", "batched")
         assert (t.finalist_margin, t.max_finalists) == (mop.FINALIST_MARGIN, mop.MAX_FINALISTS) == (0.08, 6)
     t = mop.MatmulOp(target=SM90, tuning_args={"timing": "burst", "finalist_margin": 0.03}).gemm.tuner(
         op.gemm.make_key(key)).timing_settings

@@ -209,7 +209,7 @@ def test_config_keys_are_named_when_unknown_or_missing():
     (dict(rep=0), ValueError, "rep must be >= 1"),
     (dict(n_jobs=True), TypeError, "n_jobs must be a number"),
     (dict(cache="no"), TypeError, "cache must be True or False, got 'no'"),
-    (dict(timing="fast"), ValueError, "timing must be one of ['burst', 'sustained', 'back_to_back'], got 'fast'"),
+    (dict(timing="fast"), ValueError, "timing must be one of ['burst', 'sustained', 'back_to_back', 'batched'], got 'fast'"),
     (dict(arch=90), TypeError, "arch must be None, a GPU name such as 'H100' or a carver.arch.GPUArch, got 90"),
     (dict(configs=[]), ValueError, "configs is empty; pass None for the carver's ranked candidates"),
     (dict(configs=BEST), TypeError, "configs must be a list of config dicts"),

@@ -460,6 +460,8 @@ def test_run_counts_are_checked_by_the_same_validator():
         t.run(warmup=True, rep=3)
     with pytest.raises(ValueError, match="cudagraph"):
         t.set_compile_args(target="c", reset_to_zero=["C"]).set_tuning(timing_backend="cudagraph").run(1, 2)
+    with pytest.raises(ValueError, match="timing='batched' .* use timing='back_to_back' with reset_to_zero"):
+        t.set_tuning(timing_backend="event", timing="batched").run(1, 2)
 
 
 # ---------------------------------------------------------------------------------------------

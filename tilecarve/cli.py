@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotuner.settings import TIMING_MODES
+
 from . import cache_cmd
 from .errors import CommandError, NeedsGPU, UsageError
 
@@ -369,9 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
         f.add_argument("--rep", type=calls, default=20, help="timed calls per candidate, 1 or more (default 20)")
         f.add_argument("--jobs", type=jobs, default=None, help="compile workers, 1 or more, or -1 for all cores "
                                                                "(default: all cores)")
-        f.add_argument("--timing", choices=("burst", "sustained", "back_to_back"), default="burst",
+        f.add_argument("--timing", choices=TIMING_MODES, default="burst",
                        help="burst (default); sustained: finalists timed at the clock a busy GPU holds; "
-                            "back_to_back: every candidate timed back to back, as a model's forward runs it")
+                            "back_to_back: every candidate timed back to back, as a model's forward runs it, "
+                            "each call between two events; batched: the same, an event every few calls")
         f.add_argument("--no-cache", action="store_true", help="neither read nor write the tuning cache")
         f.add_argument("--no-progress", action="store_true", help="no progress bar (it shows only on a terminal)")
 

@@ -101,8 +101,9 @@ class MatmulOp:
     * ``dynamic``: compile the GEMM with a symbolic M, one kernel per bucket (False: one per exact M);
     * ``target``: "auto" (the local GPU) or a compile-only CUDA target such as ``{"kind": "cuda", "arch": "sm_90a"}``;
     * ``tuning_args``: for ``AutoTuner.set_tuning`` (``n_jobs``, ``db_path``, ``progress``...). By default
-      candidates and finalists are timed back to back (``timing="back_to_back"``, ``sustain_s=0.05``),
-      the way a model's forward runs them, rather than each call alone after an L2 flush.
+      candidates and finalists are timed back to back in groups of calls between two events
+      (``timing="batched"``, ``sustain_s=0.05``), the way a model's forward runs them, rather than each call
+      alone after an L2 flush or between two events of its own.
     """
 
     def __init__(self, topk: int = 4, gemv_max_m: int = GEMV_MAX_M, dynamic: bool = True, target: Any = "auto",
@@ -125,9 +126,16 @@ class MatmulOp:
         # candidates and finalists timed back to back, as a model's forward runs them: on an H200 the 64x64
         # 7-stage kernel that wins the down projection at 128 rows when each call is timed after an L2
         # flush (1.01x cuBLAS) runs 0.88x cuBLAS back to back, where a split-K 64x128 runs 0.98x
-        # (benchmarks/data/few-rows-2026-11-22-h200); the short heat is for the back-to-back, not the clock
+        # (benchmarks/data/few-rows-2026-11-22-h200); the short heat is for the back-to-back, not the clock.
+        # In groups of calls ("batched"), not each call between two events ("back_to_back"): per call, the 128-row
+        # gate projection's plain 64x224 tile ranked 2% ahead of a 2-CTA cluster ws kernel that ran 4% faster
+        # in a stream behind the MLP's gated product; groups of 50 calls ranked as the stream did on all three keys
+        # timed (H100, benchmarks/data/timing-methods-2026-12-07-h100), and on an H200 a race of 50-call
+        # groups had the 128-row down projection's cluster-summed split-K fastest (39.5 us), where the tuner's
+        # per-call rounds put it behind a workspace split (45.3 against 42.9 us; splitk-cluster-2026-12-02-h200). The op's
+        # groups are 10 calls (autotuner.timing.BATCH_CALLS), not yet compared with 50 on a GPU.
         # finalists: every candidate within FINALIST_MARGIN of the fastest first timing, up to MAX_FINALISTS
-        tuning = {"progress": False, "timing": "back_to_back", "sustain_s": 0.05, "finalist_margin": FINALIST_MARGIN,
+        tuning = {"progress": False, "timing": "batched", "sustain_s": 0.05, "finalist_margin": FINALIST_MARGIN,
                   "max_finalists": MAX_FINALISTS, **(tuning_args or {})}
         self.gemm = KeyedKernel(gemm, KEY, self._gemm_configs, buckets={"M": Buckets.pow2()},
                                 dynamic=["M"] if dynamic else (), name=GEMM_NAME, compile_args=compile_args,
