@@ -533,7 +533,7 @@ class _PlanRun:
         t, trials = self.plan.spec.timing, self.trials
         ok = sorted((i for i, tr in enumerate(trials) if tr is not None and tr.status == Status.OK),
                     key=lambda i: trials[i].median_ms)
-        if not ok or len(ok) < 2 and t.finalist_mode == "burst":
+        if not ok or len(ok) < 2 and t.finalist_mode == t.candidate_mode:  # a lone one, timed that way already
             return ok
         fastest = trials[ok[0]].median_ms
         finalists = [i for i in ok if trials[i].median_ms <= fastest * (1 + t.finalist_margin)]

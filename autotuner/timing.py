@@ -15,15 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BATCH_CALLS", "METHOD", "MODES", "Timing", "l2_flush_buffer", "time_callable"]
+__all__ = ["BATCHED_METHOD", "BATCH_CALLS", "METHOD", "MIN_GROUPS", "MODES", "Timing", "batch_groups",
+           "l2_flush_buffer", "time_callable"]
 
 #: Part of the cache key: a change of timing method must not reuse old latencies.
 METHOD = "v2:cuda-events+l2-flush+median|cpu-perf_counter+median|finalists-interleaved-rounds"
 
 #: ``time_callable``'s modes (its docstring says what each does).
 MODES = ("burst", "sustained", "batched")
-#: Calls between two events under ``mode="batched"``: each sample is this many calls back to back, per call.
-BATCH_CALLS = 10
+#: Calls between two events under ``mode="batched"``, at most: each sample is a group of calls back to back, per
+#: call, and ``rep`` calls make at least :data:`MIN_GROUPS` groups (20 calls: 4 groups of 5).
+BATCH_CALLS, MIN_GROUPS = 10, 4
+#: The cache key's part for ``mode="batched"`` alone (how its calls are grouped): a change of the grouping must not
+#: reuse latencies timed with the old one, and need not drop the other modes' entries.
+BATCHED_METHOD = f"groups-of-at-most-{BATCH_CALLS}-at-least-{MIN_GROUPS}+lead-call"
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024  # larger than any current L2 (H100 50 MB, H200 60 MB, B200 126 MB)
 _flush_buf: Any = None
@@ -66,14 +71,15 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     first call: for a memory-bound kernel on small data it measures L2, not HBM.
 
     ``mode="batched"``: ``sustain_s`` of heat as under ``"sustained"``, then the ``rep`` calls back to back
-    with an event only every :data:`BATCH_CALLS` calls, each sample a group's time per call, as a model's
+    with an event only every few calls (:func:`batch_groups`), each sample a group's time per call, as a model's
     forward issues its kernels (a host slower than the kernel shows, as it does there). An event between
     every two calls (``"sustained"``) ranks some kernels otherwise: on an H100, at 128 rows of the MLP's gate
     projection it put a 2-CTA cluster kernel 2% behind a plain one that ran 4% slower in a stream behind the
-    MLP's gated product, where groups of 50 calls ranked both as the stream did, on three keys
+    MLP's gated product, where the picks of groups of 50 calls ran within 0.2% of the stream's best on three keys
     (``benchmarks/timing_methods.py``, ``benchmarks/data/timing-methods-2026-12-07-h100``; TileLang launches
     cluster kernels with programmatic stream serialization, whose overlap with the kernel before an event
-    stops: a likely cause, not isolated). Nothing runs between a group's calls, so ``prepare`` is refused.
+    stops: a likely cause, not isolated). Nothing runs between a group's calls, so ``prepare`` is refused; and
+    the CUDA-graph backend, which replays its calls with nothing between them anyway, takes ``"sustained"``.
 
     ``flush="write"`` (default) flushes L2 by zeroing a buffer larger than it, which leaves L2 full of
     dirty lines that the timed call writes back as it evicts them; ``"read"`` flushes by reading that
@@ -84,6 +90,9 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     if mode == "batched" and prepare is not None:
         raise ValueError("mode='batched' times calls back to back with nothing between them, so it cannot reset "
                          "or restore arguments between calls; use mode='sustained' with reset_to_zero/restore_value")
+    if mode == "batched" and backend == "cudagraph":
+        raise ValueError("mode='batched' groups calls between events; backend='cudagraph' replays captured calls "
+                         "with nothing between them already: use mode='sustained' with it")
     if flush not in ("write", "read"):
         raise ValueError(f"flush must be 'write' or 'read', got {flush!r}")
     if rep < 1:
@@ -96,7 +105,7 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
             call()
         if mode == "batched":
             samples = []
-            for n in _groups(rep):
+            for n in batch_groups(rep):
                 t0 = time.perf_counter()
                 for _ in range(n):
                     fn()
@@ -121,7 +130,7 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
 
         for _ in range(warmup):
             fn()
-        if mode != "burst":
+        if mode == "sustained":
             _heat(fn, sustain_s)
         q = do_bench(fn, _n_warmup=1, _n_repeat=rep, backend="cudagraph", quantiles=[0.0, 0.25, 0.5, 0.75])
         return Timing(q[2], q[0], q[3] - q[1], rep)
@@ -133,7 +142,7 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
         _heat(call, sustain_s)
     torch.cuda.synchronize()
     if mode == "batched":
-        groups = _groups(rep)
+        groups = batch_groups(rep)
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(groups) + 1)]
         fn()  # untimed: the first group's first call then waits behind a call, not for the host
         marks[0].record()
@@ -160,9 +169,11 @@ def time_callable(fn: Callable[[], Any], warmup: int, rep: int, device: str, *, 
     return _summary([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
-def _groups(rep: int) -> list[int]:
-    """``rep`` calls as groups of :data:`BATCH_CALLS` (the last one smaller where they do not divide)."""
-    return [BATCH_CALLS] * (rep // BATCH_CALLS) + ([rep % BATCH_CALLS] if rep % BATCH_CALLS else [])
+def batch_groups(rep: int) -> list[int]:
+    """``rep`` calls as the groups ``mode="batched"`` times: of ``min(BATCH_CALLS, rep // MIN_GROUPS)`` calls (at
+    least one), the last one smaller where they do not divide."""
+    size = max(1, min(BATCH_CALLS, rep // MIN_GROUPS))
+    return [size] * (rep // size) + ([rep % size] if rep % size else [])
 
 
 def l2_flush_buffer(device: str) -> Any:

@@ -74,7 +74,7 @@ from .settings import (
 )
 from .target import ResolvedTarget, default_target, resolve_target
 from .timeline import Timeline
-from .timing import METHOD
+from .timing import BATCHED_METHOD, METHOD
 from .trial import STATUSES, Status, Trial, error_headline, format_error
 
 __all__ = ["STATUSES", "AutoTuner", "Plan", "Trial", "TuneResult", "TunedKernel", "TuningError", "TuningInputError"]
@@ -390,10 +390,11 @@ class AutoTuner:
         * ``timing``: ``"burst"`` (each call timed alone after an L2 flush), ``"sustained"`` (the
           finalists are re-timed after ``sustain_s`` seconds of back-to-back calls, at the clock the
           GPU holds under load) or ``"back_to_back"`` (every candidate and the finalists timed that
-          way, as a model's forward runs its kernels: the op's default, ``templates/matmul/op.py``;
+          way, as a model's forward runs its kernels;
           each candidate then costs ``sustain_s`` more, so keep it short, e.g. 0.05), or ``"batched"``
-          (the same, with an event only every few calls rather than around each: ``autotuner.timing``; not
-          with ``reset_to_zero``/``restore_value``). The reference is timed the way the finalists are.
+          (the same, with an event only every few calls rather than around each: the matmul op's default,
+          ``templates/matmul/op.py``; ``autotuner.timing``; not with ``reset_to_zero``/``restore_value`` or
+          the cudagraph backend). The reference is timed the way the finalists are.
           ``timing_backend``: ``"event"`` or ``"cudagraph"`` (for kernels of
           a few microseconds, where launch overhead would dominate).
         * Finalists, every candidate within ``finalist_margin`` (a fraction) of the fastest (and at least
@@ -436,6 +437,8 @@ class AutoTuner:
         out = {name: function_fingerprint(v, set(), 0) if callable(v) else getattr(v, "value", v)
                for name, v in key_fields(self.check_settings, self.timing_settings, self.compile_settings).items()}
         out["timing_method"] = METHOD
+        if self.timing_settings.timing == "batched":
+            out["timing_batches"] = BATCHED_METHOD
         out["validate"] = function_fingerprint(self.validate, set(), 0) if self.validate else None
         return out
 
@@ -480,6 +483,10 @@ class AutoTuner:
         if self.timing_settings.timing_backend == "cudagraph" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
+        if self.timing_settings.timing == "batched" and self.timing_settings.timing_backend == "cudagraph":
+            raise ValueError("timing='batched' groups calls between events, and timing_backend='cudagraph' replays "
+                             "captured calls with nothing between them already; use timing='back_to_back' with "
+                             "timing_backend='cudagraph', or timing='batched' with timing_backend='event'")
         if self.timing_settings.timing == "batched" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing='batched' times calls back to back with nothing between them, so it cannot "
                              "reset or restore arguments between calls; use timing='back_to_back' with "

@@ -10,7 +10,8 @@ SMs and keeps enough bytes in flight wins, which is not what a compute-bound mod
    (unless ``--no-grid``), the carver's top-48 hints, split-K of the top 16 at 2 to 8 splits, and the
    candidates ``tune()`` would try (the carver's top ``--topk`` with its variants), and any
    ``--also-configs``. Each trial's median
-   is kept (``few_rows.json``). ``--timing back_to_back`` times them back to back, as the op tunes.
+   is kept (``few_rows.json``). ``--timing back_to_back`` times them back to back, each call between two events;
+   ``--timing batched`` in groups of calls between two events, as the op tunes.
 2. ``versus``: the search's best 4, the best of ``tune()``'s candidates and cuBLAS (``x @ W.T``), in
    interleaved rounds in this process (CUDA events after an L2 flush): ratios to cuBLAS and the bytes
    streamed per second (``few_rows.json``, ``few_rows.md``).
@@ -228,8 +229,9 @@ def main() -> int:
     ap.add_argument("--no-grid", action="store_true", help="leave TileLang's 288 grid out of the search")
     ap.add_argument("--served", action="store_true",
                     help="also time the best configs compiled as the op serves them (symbolic M), back to back")
-    ap.add_argument("--timing", default="burst", choices=["burst", "back_to_back"],
-                    help="how the search times candidates (back_to_back: as a forward runs them, the op's way)")
+    ap.add_argument("--timing", default="burst", choices=["burst", "back_to_back", "batched"],
+                    help="how the search times candidates (back_to_back: as a forward runs them, each call between "
+                         "two events; batched: in groups of calls, the op's way)")
     ap.add_argument("--also-block-n", nargs="*", type=int, default=[],
                     help="also search the top-16 hints with these block_N (e.g. 112: 14336 / 112 = 128 tiles)")
     ap.add_argument("--also-configs", help="a JSON file {MxNxK: [config, ...]} of more configs to search "

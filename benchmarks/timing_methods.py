@@ -1,13 +1,16 @@
 """Does the tuner's timing rank a key's candidates the way a model's forward runs them?
 
-The op tunes with ``timing="back_to_back"``: after a short heat, each call timed on its own between two CUDA
-events (``autotuner.timing.time_callable``, ``mode="sustained"``). A model issues its kernels with nothing
+Until 2026-12-07 the op tuned with ``timing="back_to_back"``: after a short heat, each call timed on its own
+between two CUDA events (``autotuner.timing.time_callable``, ``mode="sustained"``); since then in groups of calls
+between two events (``timing="batched"``, ``mode="batched"``). A model issues its kernels with nothing
 between them, so a kernel's launch can overlap the tail of the one before (TileLang launches cluster kernels
 with programmatic stream serialization, which needs a kernel, not an event, before it). This times every
 candidate ``templates.matmul.space.candidates`` gives a key, compiled as the op serves it (M symbolic), and
-``F.linear``, in interleaved rounds, three ways:
+``F.linear``, in interleaved rounds, four ways:
 
-* ``tuner``: the op's own timing, the median of 20 calls each between two events, after 0.05 s of heat;
+* ``per_call``: the op's timing until 2026-12-07, the median of 20 calls each between two events, after 0.05 s
+  of heat (named ``tuner`` in ``benchmarks/data/timing-methods-2026-12-07-h100``, which has no ``op`` column);
+* ``op``: the op's timing since, the same 20 calls in groups between two events (``mode="batched"``);
 * ``batched``: 50 calls back to back between two events, per call;
 * ``in_stream``: 50 pairs of a SiLU-gated product (``x = silu(g) * u``, the MLP's op before its down
   projection, an elementwise kernel writing the GEMM's input) and the GEMM, back to back, less 50 products
@@ -34,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchlib import T0, compile_all, dump, log, median, poisoned_call  # noqa: E402
 from few_rows import back_to_back_ms, operands  # noqa: E402
 
-METHODS = ("tuner", "batched", "in_stream")
+METHODS = ("per_call", "op", "batched", "in_stream")
 #: the MLP block's keys (Llama-3-8B: hidden 4096, intermediate 14336) where the last tunes' picks and the
 #: races disagreed
 DEFAULT_KEYS = ("128x4096x14336", "128x14336x4096", "64x4096x14336", "512x4096x14336", "2048x14336x4096")
@@ -62,8 +65,10 @@ def timers(x: Any, g: Any, u: Any) -> dict[str, Any]:
     def in_stream(fn: Any) -> float:
         return back_to_back_ms(lambda: (produce(), fn())) - back_to_back_ms(produce)
 
-    return {"tuner": lambda fn: time_callable(fn, 3, 20, "cuda", mode="sustained", sustain_s=0.05).median_ms,
-            "batched": back_to_back_ms, "in_stream": in_stream}
+    def tuned(mode: str) -> Any:
+        return lambda fn: time_callable(fn, 3, 20, "cuda", mode=mode, sustain_s=0.05).median_ms
+
+    return {"per_call": tuned("sustained"), "op": tuned("batched"), "batched": back_to_back_ms, "in_stream": in_stream}
 
 
 def main() -> None:
@@ -129,7 +134,7 @@ def main() -> None:
     lines = [f"# Timing methods ({torch.cuda.get_device_name()})", ""]
     for c in cases:
         key = c["key"]
-        med = {n: {m: median(v[m]) for m in METHODS} for n, v in rows[key].items() if v["tuner"]}
+        med = {n: {m: median(v[m]) for m in METHODS} for n, v in rows[key].items() if v[METHODS[0]]}
         lines += [f"## {key}", "", "| candidate | " + " | ".join(f"{m} us (cuBLAS/ours)" for m in METHODS) + " |",
                   "|---|" + "---|" * len(METHODS)]
         for n, v in med.items():
@@ -138,9 +143,10 @@ def main() -> None:
         ours = [n for n in med if n != "cuBLAS"]
         picks = {m: min(ours, key=lambda n: med[n][m]) for m in METHODS}
         lines += ["", "picks: " + "; ".join(f"{m}: {p}" for m, p in picks.items()), ""]
-        for m in METHODS[1:]:  # what the tuner's pick costs by this method
-            lines.append(f"- by {m}: the tuner's pick runs {med[picks[m]][m] / med[picks['tuner']][m]:.3f} of "
-                         f"the best")
+        best = med[picks["in_stream"]]["in_stream"]
+        for m in ("per_call", "op"):  # what each of the op's timings' pick costs in the block's stream
+            lines.append(f"- the {m} timing's pick runs {best / med[picks[m]]['in_stream']:.3f} of the stream's best, "
+                         "in the stream")
         lines.append("")
     (args.out / "timing_methods.md").write_text("\n".join(lines))
     print("\n".join(lines))

@@ -229,18 +229,33 @@ def test_an_unknown_l2_flush_is_refused_by_name():
 def test_batched_timing_times_groups_of_calls_with_nothing_between_them():
     """``mode="batched"``: one sample per group of ``BATCH_CALLS`` calls (the last group what is left), each the
     group's time per call; an unknown mode and a ``prepare`` (it would run inside a group) are refused."""
-    from autotuner.timing import BATCH_CALLS, time_callable
+    from autotuner.timing import BATCH_CALLS, MIN_GROUPS, batch_groups, time_callable
 
     calls: list[float] = []
-    t = time_callable(lambda: (calls.append(time.perf_counter()), time.sleep(0.002)), 1, 2 * BATCH_CALLS + 3, "cpu",
-                      mode="batched")
-    assert len(calls) == 1 + 2 * BATCH_CALLS + 3 and t.reps == 3
+    rep = MIN_GROUPS * BATCH_CALLS + 3
+    t = time_callable(lambda: (calls.append(time.perf_counter()), time.sleep(0.002)), 1, rep, "cpu", mode="batched")
+    assert len(calls) == 1 + rep and t.reps == MIN_GROUPS + 1 == len(batch_groups(rep))
     assert 2.0 <= t.min_ms <= t.median_ms < 20.0  # per call, not per group (a group of 10 sleeps is >= 20 ms)
-    assert time_callable(lambda: None, 0, BATCH_CALLS - 1, "cpu", mode="batched").reps == 1
+    assert batch_groups(rep) == [BATCH_CALLS] * MIN_GROUPS + [3]
+    assert batch_groups(20) == [5, 5, 5, 5] and batch_groups(3) == [1, 1, 1] and batch_groups(1) == [1]
+    assert time_callable(lambda: None, 0, 3, "cpu", mode="batched").reps == 3
     with pytest.raises(ValueError, match=r"mode must be one of \['burst', 'sustained', 'batched'\], got 'grouped'"):
         time_callable(lambda: None, 0, 1, "cpu", mode="grouped")
     with pytest.raises(ValueError, match="mode='batched' times calls back to back with nothing between them"):
         time_callable(lambda: None, 0, 1, "cpu", mode="batched", prepare=lambda: None)
+    with pytest.raises(ValueError, match="backend='cudagraph' replays captured calls"):
+        time_callable(lambda: None, 0, 1, "cpu", mode="batched", backend="cudagraph")
+
+
+def test_batched_timing_has_a_key_of_its_own_and_refuses_the_cudagraph_backend():
+    """A result timed per call is never served for ``timing="batched"`` (nor one grouped otherwise); the other
+    modes' keys do not carry the grouping."""
+    t = AutoTuner.from_kernel(add, [dict(block_M=32)]).set_compile_args(target="c")
+    keys = {m: t.set_tuning(timing=m)._key_settings() for m in ("burst", "back_to_back", "batched")}
+    assert keys["batched"] != keys["back_to_back"] and keys["batched"]["timing_batches"]
+    assert "timing_batches" not in keys["burst"] and "timing_batches" not in keys["back_to_back"]
+    with pytest.raises(ValueError, match="timing='batched' groups calls between events, and timing_backend="):
+        t.set_tuning(timing="batched", timing_backend="cudagraph").run(1, 2)
 
 
 def test_set_profile_args_newer_signature():
@@ -347,8 +362,8 @@ def test_a_config_may_carry_its_own_pass_configs():
                                                       ("batched", "batched", "batched")])
 def test_the_timing_setting_says_how_candidates_and_finalists_are_timed(tmp_path, monkeypatch, timing, first,
                                                                         finalists):
-    """``back_to_back`` (the matmul op's default) times every candidate as ``sustained`` times the finalists:
-    calls back to back, no flush between them, as a model's forward runs them."""
+    """``back_to_back`` times every candidate as ``sustained`` times the finalists: calls back to back, no flush
+    between them, as a model's forward runs them; ``batched`` (the matmul op's default) both in groups of calls."""
     import autotuner.bench as bench_mod
 
     modes: list[str] = []

@@ -51,6 +51,13 @@ def test_every_command_has_help(argv):
     assert r.stdout.startswith(f"usage: tilecarve {' '.join(argv)}".rstrip()), r.stdout[:200]
 
 
+def test_the_timing_choices_are_the_autotuners_modes():
+    from autotuner.settings import TIMING_MODES
+    from tilecarve.cli import TIMING_CHOICES
+
+    assert TIMING_CHOICES == TIMING_MODES
+
+
 def test_the_console_script_is_main():
     tomllib = pytest.importorskip("tomllib")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

@@ -62,7 +62,7 @@ def test_an_accumulating_gpu_kernel_is_checked_and_timed_on_zeroed_outputs():
 
 
 @pytest.mark.parametrize("timing, backend", [("burst", "cudagraph"), ("sustained", "event"),
-                                             ("sustained", "cudagraph")])
+                                             ("sustained", "cudagraph"), ("batched", "event")])
 def test_gemm_finalists_are_retimed_in_rounds_with_every_timing(timing, backend):
     import torch
 

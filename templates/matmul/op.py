@@ -128,12 +128,13 @@ class MatmulOp:
         # flush (1.01x cuBLAS) runs 0.88x cuBLAS back to back, where a split-K 64x128 runs 0.98x
         # (benchmarks/data/few-rows-2026-11-22-h200); the short heat is for the back-to-back, not the clock.
         # In groups of calls ("batched"), not each call between two events ("back_to_back"): per call, the 128-row
-        # gate projection's plain 64x224 tile ranked 2% ahead of a 2-CTA cluster ws kernel that ran 4% faster
-        # in a stream behind the MLP's gated product; groups of 50 calls ranked as the stream did on all three keys
-        # timed (H100, benchmarks/data/timing-methods-2026-12-07-h100), and on an H200 a race of 50-call
-        # groups had the 128-row down projection's cluster-summed split-K fastest (39.5 us), where the tuner's
-        # per-call rounds put it behind a workspace split (45.3 against 42.9 us; splitk-cluster-2026-12-02-h200). The op's
-        # groups are 10 calls (autotuner.timing.BATCH_CALLS), not yet compared with 50 on a GPU.
+        # gate projection's plain 64x224 tile ranked 2% ahead of a 2-CTA cluster ws kernel that ran 4% faster in
+        # a stream behind the MLP's gated product, where the picks of 50-call groups ran within 0.2% of the
+        # stream's best on all three keys timed (H100, benchmarks/data/timing-methods-2026-12-07-h100); on an H200
+        # a race of 50-call groups had the 128-row down projection's cluster-summed split-K fastest (39.5 us),
+        # where the per-call rounds put it behind a workspace split (45.3 against 42.9 us;
+        # splitk-cluster-2026-12-02-h200). The op's groups are 5 calls at rep=20 (autotuner.timing.batch_groups):
+        # no tune with them has run on a GPU yet, and FINALIST_MARGIN was set under the per-call timing.
         # finalists: every candidate within FINALIST_MARGIN of the fastest first timing, up to MAX_FINALISTS
         tuning = {"progress": False, "timing": "batched", "sustain_s": 0.05, "finalist_margin": FINALIST_MARGIN,
                   "max_finalists": MAX_FINALISTS, **(tuning_args or {})}
