@@ -213,6 +213,10 @@ class TimingSettings:
 
     def __post_init__(self) -> None:
         _validate(self, [f.name for f in fields(self)])
+        if self.timing == "batched" and self.timing_backend == "cudagraph":
+            raise ValueError("timing='batched' groups calls between events, and timing_backend='cudagraph' replays "
+                             "captured calls with nothing between them already; use timing='back_to_back' with "
+                             "timing_backend='cudagraph', or timing='batched' with timing_backend='event'")
 
     @property
     def candidate_mode(self) -> str:

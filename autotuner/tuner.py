@@ -483,10 +483,6 @@ class AutoTuner:
         if self.timing_settings.timing_backend == "cudagraph" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing_backend='cudagraph' cannot reset or restore arguments between the calls it "
                              "captures; use timing_backend='event' with reset_to_zero/restore_value")
-        if self.timing_settings.timing == "batched" and self.timing_settings.timing_backend == "cudagraph":
-            raise ValueError("timing='batched' groups calls between events, and timing_backend='cudagraph' replays "
-                             "captured calls with nothing between them already; use timing='back_to_back' with "
-                             "timing_backend='cudagraph', or timing='batched' with timing_backend='event'")
         if self.timing_settings.timing == "batched" and (c.reset_to_zero or c.restore_value):
             raise ValueError("timing='batched' times calls back to back with nothing between them, so it cannot "
                              "reset or restore arguments between calls; use timing='back_to_back' with "

@@ -255,7 +255,7 @@ def test_batched_timing_has_a_key_of_its_own_and_refuses_the_cudagraph_backend()
     assert keys["batched"] != keys["back_to_back"] and keys["batched"]["timing_batches"]
     assert "timing_batches" not in keys["burst"] and "timing_batches" not in keys["back_to_back"]
     with pytest.raises(ValueError, match="timing='batched' groups calls between events, and timing_backend="):
-        t.set_tuning(timing="batched", timing_backend="cudagraph").run(1, 2)
+        t.set_tuning(timing="batched", timing_backend="cudagraph")  # refused as it is set, not at run()
 
 
 def test_set_profile_args_newer_signature():
