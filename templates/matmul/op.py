@@ -133,8 +133,10 @@ class MatmulOp:
         # stream's best on all three keys timed (H100, benchmarks/data/timing-methods-2026-12-07-h100); on an H200
         # a race of 50-call groups had the 128-row down projection's cluster-summed split-K fastest (39.5 us),
         # where the per-call rounds put it behind a workspace split (45.3 against 42.9 us;
-        # splitk-cluster-2026-12-02-h200). The op's groups are 5 calls at rep=20 (autotuner.timing.batch_groups):
-        # no tune with them has run on a GPU yet, and FINALIST_MARGIN was set under the per-call timing.
+        # splitk-cluster-2026-12-02-h200). The op's groups are 5 calls at rep=20 (autotuner.timing.batch_groups);
+        # timed so, the picks ran 0.995, 1.000 and 1.000 of the stream's best on those keys (per call: 0.983,
+        # 0.990, 1.000), and the MLP block tuned in 42.9 s (H100, benchmarks/data/batched-2026-12-07-h100).
+        # FINALIST_MARGIN was set under the per-call timing.
         # finalists: every candidate within FINALIST_MARGIN of the fastest first timing, up to MAX_FINALISTS
         tuning = {"progress": False, "timing": "batched", "sustain_s": 0.05, "finalist_margin": FINALIST_MARGIN,
                   "max_finalists": MAX_FINALISTS, **(tuning_args or {})}
