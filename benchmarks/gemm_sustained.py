@@ -3,9 +3,10 @@
 The autotuner times each candidate in short bursts (``rep=20`` calls); the scoreboard times 100 calls,
 three interleaved rounds. On an H200 (2026-11-21) the same kernel measured 741 TFLOP/s in the tuner and
 623-649 on the board, while cuBLAS held 719-760. This script times cuBLAS and our kernels in interleaved
-rounds, each round once as a burst (``--burst`` calls, each after an L2 flush) and once sustained
-(``--sustained`` such calls in a row, which takes the GPU to its power cap), and reads the SM clock, power
-and temperature from ``nvidia-smi`` after every timing, so the two can be told apart.
+rounds (the order rotated every round), each round once as a burst (``--burst`` calls, each after an L2
+flush) and once sustained (``--sustained`` such calls in a row, which takes the GPU to its power cap), and
+reads the SM clock, power and temperature from ``nvidia-smi`` after every timing, so the two can be told
+apart.
 
     python benchmarks/gemm_sustained.py --out .bench/sustained --shapes 2048x14336x4096 \\
         --configs '128x256x64 s3 t256 r full_row' '128x256x64 s4 t256 r' '128x256x64 s3 t256 r'
@@ -81,13 +82,21 @@ def gpu_state() -> dict[str, str]:
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The kernels' order in round ``r``, rotated every round (as the autotuner's finalist rounds are): a kernel
+    timed right after another's sustained run meets a hotter GPU, so no kernel may always come second."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def time_round(fns: dict[str, Any], c: dict[str, Any], r: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """One round: every kernel as a burst, then every kernel sustained, each followed by the GPU's state."""
     from autotuner.timing import time_callable
 
     rows = []
     for mode, rep in (("burst", args.burst), ("sustained", args.sustained)):
-        for name, fn in fns.items():
+        for name in round_order(list(fns), r):
+            fn = fns[name]
             ms = time_callable(fn, 3, rep, "cuda").median_ms
             rows.append(dict(round=r, mode=mode, kernel=name, ms=ms, tflops=_tflops(c, ms), **gpu_state()))
             print(f"round {r} {mode:9s} {name[:40]:40s} {rows[-1]['tflops']:7.1f} TFLOP/s  "
@@ -151,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="*", default=[], help="board labels or JSON objects, timed on every case")
     ap.add_argument("--tuned", action="store_true", help="tune each case first and time the kernel it returns")
     ap.add_argument("--topk", type=int, default=8, help="with --tuned: the carver's hints tuned (the board's 8)")
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds; the kernels' order rotates each round")
     ap.add_argument("--burst", type=int, default=20, help="calls per burst timing (the tuner's rep)")
     ap.add_argument("--sustained", type=int, default=400, help="calls per sustained timing")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds; no new case starts past it")
