@@ -301,12 +301,20 @@ def _call_nt(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     return fn(a, b.T)
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The kernels' order in round ``r``, rotated every round (as the autotuner's finalist rounds are): a kernel
+    timed right after another's run meets a hotter GPU, so no kernel may always come second."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
 def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) -> dict[str, Any]:
     """cuBLAS and each ``kernels[name](A, B)`` on the same inputs: first-call seconds, max error
     against cuBLAS, median ms and TFLOP/s. A kernel that fails leaves ``<name>_error``, not a crash.
 
-    The kernels are timed in ``_ROUNDS`` interleaved rounds (cuBLAS, ours, Triton, cuBLAS, ...) and each
-    reports the median of its per-round medians: the GPU's clock drifts as it heats, and timing one
+    The kernels are timed in ``_ROUNDS`` interleaved rounds, their order rotated each round (cuBLAS, ours, Triton;
+    ours, Triton, cuBLAS; ...; until 2026-12-07 cuBLAS came first in every round), and each reports the median of
+    its per-round medians: the GPU's clock drifts as it heats, and timing one
     kernel after another let a drift land on one of them (2026-11-21, H200: one 2048x14336x4096 row
     measured our kernel at 649 TFLOP/s right after the tuner had timed it at 741).
     """
@@ -329,8 +337,9 @@ def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) ->
         except Exception as e:  # noqa: BLE001 - a failing column is reported, the board goes on
             row[f"{name}_error"] = _error(e)
     rounds: dict[str, list[float]] = {name: [] for name in timed}
-    for _ in range(_ROUNDS):
-        for name, fn in list(timed.items()):
+    for r in range(_ROUNDS):
+        for name in round_order(list(timed), r):
+            fn = timed[name]
             try:
                 rounds[name].append(_time_ms(fn))
             except Exception as e:  # noqa: BLE001

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import dump, error_text, geomean, mismatches  # noqa: E402
-from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops  # noqa: E402
+from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops, round_order  # noqa: E402
 
 
 def parse_config(label: str) -> dict[str, Any]:
@@ -80,13 +80,6 @@ def gpu_state() -> dict[str, str]:
 
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "float16": "float16", "bfloat16": "bfloat16"}
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    """The kernels' order in round ``r``, rotated every round (as the autotuner's finalist rounds are): a kernel
-    timed right after another's sustained run meets a hotter GPU, so no kernel may always come second."""
-    k = r % len(names)
-    return names[k:] + names[:k]
 
 
 def time_round(fns: dict[str, Any], c: dict[str, Any], r: int, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -69,3 +69,26 @@ def test_the_kernels_take_turns_at_coming_first():
     assert orders[0] == names and orders[3] == names
     assert [o[0] for o in orders[:3]] == names  # each kernel leads one round of three
     assert all(sorted(o) == sorted(names) for o in orders)
+
+
+def test_the_board_rotates_which_kernel_it_times_first(monkeypatch):
+    """``gemm.measure`` (the board's rounds) on the CPU, its timer replaced by a log of what it timed."""
+    import gemm
+    import torch
+
+    def inputs(c):
+        return torch.ones(c["M"], c["K"]), torch.ones(c["N"], c["K"])
+
+    timed: list[str] = []
+
+    def fake_time(fn):
+        out = fn()
+        timed.append("cublas" if fn.func is gemm._cublas_nt else "ours")
+        return float(out.sum())
+
+    monkeypatch.setattr(gemm, "_inputs", inputs)
+    monkeypatch.setattr(gemm, "_time_ms", fake_time)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    row = gemm.measure(dict(M=4, N=4, K=4), {"ours": lambda a, b: a @ b.T})
+    assert timed == ["cublas", "ours", "ours", "cublas", "cublas", "ours"]
+    assert row["ours_err"] == 0 and len(row["ours_round_ms"]) == gemm._ROUNDS == 3
