@@ -37,7 +37,19 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from benchlib import T0, Clock, config_id, dump, error_text, geomean, log, measure_configs, median, score_hints  # noqa: E402
+from benchlib import (  # noqa: E402
+    T0,
+    Clock,
+    config_id,
+    dump,
+    error_text,
+    geomean,
+    log,
+    measure_configs,
+    median,
+    round_order,
+    score_hints,
+)
 
 Shape = tuple[int, int, int, int, int, bool]
 CAL: list[Shape] = [(1, 32, 8, 4096, 128, False), (1, 32, 8, 4096, 128, True), (4, 32, 32, 2048, 64, False),
@@ -176,12 +188,12 @@ class Bench:
         return {"ms": {n: median(t) for n, t in times.items()}, "rounds": times, "notes": notes}
 
     def interleaved(self, calls: dict[str, Any]) -> dict[str, list[float]]:
-        """Each call's time (ms) in each of ``rounds`` rounds, every call once per round, so that clock drift
-        hits every implementation alike."""
+        """Each call's time (ms) in each of ``rounds`` rounds, every call once per round in an order rotated each
+        round (:func:`benchlib.round_order`), so that clock drift hits every implementation alike."""
         times: dict[str, list[float]] = {n: [] for n in calls}
-        for _ in range(self.args.rounds):
-            for n, fn in calls.items():
-                times[n].append(self.clock.time(fn))
+        for r in range(self.args.rounds):
+            for n in round_order(calls, r):
+                times[n].append(self.clock.time(calls[n]))
         return times
 
     def versus_torch(self, shapes: list[Shape]) -> list[dict[str, Any]]:

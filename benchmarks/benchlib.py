@@ -1,6 +1,7 @@
 """What the family benchmarks share (``attention.py``, ``gemv.py``, ``multi_gpu.py``): a log
 with elapsed time, JSON written atomically after every step, a time limit, compiling a family's configs
-in threads, and measuring one problem's configs: checked against the family's reference, then timed.
+in threads, measuring one problem's configs (checked against the family's reference, then timed), and the
+rotated order of interleaved rounds.
 
 A benchmark is not a test: nothing here asserts; a failing config is a row with its error.
 """
@@ -33,6 +34,15 @@ def dump(path: Path, data: Any) -> None:
 
 def median(xs: Sequence[float]) -> float:
     return sorted(xs)[len(xs) // 2]
+
+
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The order of round ``r`` of interleaved timing, rotated every round (as the autotuner's finalist rounds
+    are): a kernel timed right after another meets a GPU the other has just heated, so none may always come
+    second (until 2026-12-07 every benchmark timed its arms in one fixed order)."""
+    names = list(names)
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
 
 
 def geomean(xs: Sequence[float]) -> float | None:

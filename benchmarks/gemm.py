@@ -49,6 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout: templates/, autotuner/, carver/ live in the root
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import round_order  # noqa: E402 - beside this file
 
 __all__ = ["SUITE", "QUICK_SUITE", "main"]
 
@@ -299,13 +301,6 @@ def _cublas_nt(a: Any, b: Any) -> Any:
 def _call_nt(fn: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
     """For kernels that take B as (K, N): pass the (N, K) B transposed, as a view."""
     return fn(a, b.T)
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    """The kernels' order in round ``r``, rotated every round (as the autotuner's finalist rounds are): a kernel
-    timed right after another's run meets a hotter GPU, so no kernel may always come second."""
-    k = r % len(names)
-    return names[k:] + names[:k]
 
 
 def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import dump, error_text, geomean, mismatches  # noqa: E402
-from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops, round_order  # noqa: E402
+from benchlib import dump, error_text, geomean, mismatches, round_order  # noqa: E402
+from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops  # noqa: E402
 
 
 def parse_config(label: str) -> dict[str, Any]:

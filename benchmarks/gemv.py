@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from benchlib import T0, compile_all, dump, log, mismatches, poisoned_call  # noqa: E402
+from benchlib import T0, compile_all, dump, log, mismatches, poisoned_call, round_order  # noqa: E402
 
 CAL = [(1, 4096, 4096), (16, 4096, 4096), (1, 11008, 4096), (16, 11008, 4096)]
 HOLDOUT = [(1, 14336, 4096), (4, 4096, 14336), (16, 14336, 4096), (4, 128256, 4096)]
@@ -188,11 +188,13 @@ class Bench:
                 _, cfg, k = min(ok, key=lambda o: o[0])
                 src = W.view(-1)
                 dst = self.torch.empty_like(src)
-                ours, cublas, copy = [], [], []
-                for _ in range(self.args.rounds):  # interleaved, so clock drift hits all three alike
-                    ours.append(self.time(lambda k=k, x=x, W=W: k(x, W)))
-                    cublas.append(self.time(lambda x=x, W=W: x @ W.T))
-                    copy.append(self.time(lambda d=dst, s=src: d.copy_(s)))
+                arms = {"ours": lambda k=k, x=x, W=W: k(x, W), "cublas": lambda x=x, W=W: x @ W.T,
+                        "copy": lambda d=dst, s=src: d.copy_(s)}
+                got: dict[str, list[float]] = {name: [] for name in arms}
+                for r in range(self.args.rounds):  # interleaved and rotated, so clock drift hits all three alike
+                    for name in round_order(arms, r):
+                        got[name].append(self.time(arms[name]))
+                ours, cublas, copy = got["ours"], got["cublas"], got["copy"]
                 med = sorted(ours)[len(ours) // 2], sorted(cublas)[len(cublas) // 2], sorted(copy)[len(copy) // 2]
                 row = {"M": M, "N": N, "K": K, "dtype": self.args.dtype, "config": cfg.to_dict(), "ms": med[0],
                        "torch_ms": med[1], "copy_ms": med[2], "speedup_vs_torch": med[1] / med[0],
@@ -249,8 +251,9 @@ class Bench:
                 streams = {name: Streamed(fs, 4 * n) for name, fs in calls.items()}
                 times: dict[str, dict[str, list[float]]] = {m: {name: [] for name in calls}
                                                             for m in ("write", "read", "stream")}
-                for _ in range(self.args.rounds):  # interleaved, so clock drift hits every arm alike
-                    for name, fs in calls.items():
+                for r in range(self.args.rounds):  # interleaved and rotated, so clock drift hits every arm alike
+                    for name in round_order(calls, r):
+                        fs = calls[name]
                         for how in ("write", "read"):
                             times[how][name].append(time_callable(fs[0], 5, self.args.rep, "cuda",
                                                                   flush=how).median_ms)

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import Clock, compile_all, config_id, dump, log, median, poisoned_call  # noqa: E402
+from benchlib import Clock, compile_all, config_id, dump, log, median, poisoned_call, round_order  # noqa: E402
 from few_rows import back_to_back_ms, operands  # noqa: E402
 
 from templates.matmul.op import gemm  # noqa: E402
@@ -123,10 +123,13 @@ def main() -> int:
                 continue
             cub_kernel, cub_ms = cublas_kernel(x, w), []
             ours_ms: dict[str, list[float]] = {cid: [] for cid in kernels}
-            for _ in range(args.rounds):
-                cub_ms.append(back_to_back_ms(lambda x=x, w=w: x @ w.T))
-                for cid, (_, k, _) in kernels.items():
-                    ours_ms[cid].append(back_to_back_ms(lambda k=k, x=x, w=w: k(x, w)))
+            for r in range(args.rounds):  # cuBLAS and each config, in an order rotated every round
+                for cid in round_order(["cublas", *kernels], r):
+                    if cid == "cublas":
+                        cub_ms.append(back_to_back_ms(lambda x=x, w=w: x @ w.T))
+                    else:
+                        k = kernels[cid][1]
+                        ours_ms[cid].append(back_to_back_ms(lambda k=k, x=x, w=w: k(x, w)))
             for cid, (cfg, _, form) in kernels.items():
                 tiles = math.ceil(M / cfg["block_M"]) * math.ceil(N / cfg["block_N"])
                 run = {"M": M, "N": N, "K": K, "config": cfg, "form": form.strip(), "tiles": tiles,

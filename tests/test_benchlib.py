@@ -49,3 +49,20 @@ def test_an_output_the_poison_cannot_reach_is_refused():
         poisoned_call(lambda x: keep, (torch.ones(4),))  # returns memory it did not allocate
     with pytest.raises(RuntimeError, match="not allocated from the poisoned pool"):
         poisoned_call(lambda x: x * 2, (torch.ones(4),))  # on the CPU only torch.empty's memory is poisoned
+
+
+def test_interleaved_rounds_rotate_who_goes_first():
+    """A kernel timed right after another meets a GPU the other has just heated: no arm may always come second."""
+    from types import SimpleNamespace
+
+    import attention
+    from benchlib import round_order
+
+    assert [round_order("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert round_order([], 3) == []
+    seen: list[str] = []
+    bench = attention.Bench.__new__(attention.Bench)  # no GPU: only the rounds, with a clock that runs the call
+    bench.args, bench.clock = SimpleNamespace(rounds=2), SimpleNamespace(time=lambda fn: fn() or 1.0)
+    times = bench.interleaved({n: (lambda n=n: seen.append(n)) for n in ("ours", "flash", "cudnn")})
+    assert seen == ["ours", "flash", "cudnn", "flash", "cudnn", "ours"]
+    assert times == {"ours": [1.0, 1.0], "flash": [1.0, 1.0], "cudnn": [1.0, 1.0]}

@@ -65,7 +65,9 @@ def test_the_report_takes_medians_per_mode_and_states_each_target():
 
 def test_the_kernels_take_turns_at_coming_first():
     names = ["cublas", "tuned", "128x256x64 s3 t256 r"]
-    orders = [gs.round_order(names, r) for r in range(4)]
+    from benchlib import round_order
+
+    orders = [round_order(names, r) for r in range(4)]
     assert orders[0] == names and orders[3] == names
     assert [o[0] for o in orders[:3]] == names  # each kernel leads one round of three
     assert all(sorted(o) == sorted(names) for o in orders)
