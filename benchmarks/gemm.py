@@ -307,9 +307,10 @@ def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) ->
     """cuBLAS and each ``kernels[name](A, B)`` on the same inputs: first-call seconds, max error
     against cuBLAS, median ms and TFLOP/s. A kernel that fails leaves ``<name>_error``, not a crash.
 
-    The kernels are timed in ``_ROUNDS`` interleaved rounds, their order rotated each round (cuBLAS, ours, Triton;
-    ours, Triton, cuBLAS; ...; until 2026-12-07 cuBLAS came first in every round), and each reports the median of
-    its per-round medians: the GPU's clock drifts as it heats, and timing one
+    The kernels are timed in interleaved rounds, at least ``_ROUNDS`` and a multiple of the kernels' number, their
+    order rotated each round (cuBLAS, ours, Triton; ours, Triton, cuBLAS; ...; until 2026-12-07 cuBLAS came first
+    in every round of 3), and each reports the median of its per-round medians: the GPU's clock drifts as it heats,
+    and timing one
     kernel after another let a drift land on one of them (2026-11-21, H200: one 2048x14336x4096 row
     measured our kernel at 649 TFLOP/s right after the tuner had timed it at 741).
     """
@@ -332,7 +333,8 @@ def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) ->
         except Exception as e:  # noqa: BLE001 - a failing column is reported, the board goes on
             row[f"{name}_error"] = _error(e)
     rounds: dict[str, list[float]] = {name: [] for name in timed}
-    for r in range(_ROUNDS):
+    n_rounds = -(-_ROUNDS // len(timed)) * len(timed)  # whole rotations: each kernel leads as many rounds
+    for r in range(n_rounds):
         for name in round_order(list(timed), r):
             fn = timed[name]
             try:

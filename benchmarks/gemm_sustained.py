@@ -14,7 +14,8 @@ apart.
         --shapes 4096x4096x4096 2048x14336x4096 2048x4096x14336 8192x8192x8192 4000x4000x4000
 
 ``--tuned`` tunes each case first (``templates.matmul.tuner``, the carver's top ``--topk`` and the
-family's variants, as the board's ``ours`` phase does) and times the kernel it returns: issue 14's
+family's variants, as the board's ``ours`` phase does, from cold in a cache of its own under ``--out``) and
+times the kernel it returns: issue 14's
 targets, under sustained timing and in bursts, per case and as geomeans (``sustained.md``). A config is
 written as the board labels it, ``BMxBNxBK sS tT [r] [full_row] [persistentP]``, or as a JSON object of
 any matmul config (``'{"block_M": 128, ..., "variant": "ws"}'``). Every kernel is checked against cuBLAS
@@ -28,6 +29,8 @@ import argparse
 import datetime
 import functools
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import dump, error_text, geomean, mismatches, round_order  # noqa: E402
+from benchlib import dump, error_text, geomean, median, mismatches, round_order  # noqa: E402
 from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops  # noqa: E402
 
 
@@ -97,12 +100,15 @@ def time_round(fns: dict[str, Any], c: dict[str, Any], r: int, args: argparse.Na
     return rows
 
 
+def medians(rounds: list[dict[str, Any]], mode: str) -> dict[str, float]:
+    """Each kernel's median TFLOP/s over the rounds of ``mode``."""
+    return {name: median([x["tflops"] for x in rounds if x["mode"] == mode and x["kernel"] == name])
+            for name in dict.fromkeys(x["kernel"] for x in rounds)}
+
+
 def ratios(rounds: list[dict[str, Any]], mode: str) -> dict[str, float]:
     """Each kernel's median TFLOP/s over the rounds of ``mode``, over cuBLAS's."""
-    med = {}
-    for name in dict.fromkeys(x["kernel"] for x in rounds):
-        v = sorted(x["tflops"] for x in rounds if x["mode"] == mode and x["kernel"] == name)
-        med[name] = v[len(v) // 2]
+    med = medians(rounds, mode)
     return {name: v / med["cublas"] for name, v in med.items() if name != "cublas"}
 
 
@@ -110,9 +116,9 @@ def report(cases: list[dict[str, Any]], env: dict[str, Any], argv: list[str]) ->
     """The per-case table and, for ``--tuned``, issue 14's targets."""
     lines = [f"# Burst against sustained timing, {env.get('device', '?')}", "",
              f"{env['date']}, `{' '.join(argv)}`", "",
-             "TFLOP/s ratios to cuBLAS in the same mode, medians over interleaved rounds; SM clock and power as "
-             "`nvidia-smi` read them after the last sustained timing of the kernel.", "",
-             "| shape | dtype | kernel | burst | sustained | sustained TFLOP/s (cuBLAS) | clock MHz (cuBLAS) "
+             "TFLOP/s ratios to cuBLAS in the same mode and sustained TFLOP/s, medians over interleaved rounds; "
+             "the SM clock as `nvidia-smi` read it after the kernel's last sustained timing.", "",
+             "| shape | dtype | kernel | burst | sustained | sustained TFLOP/s (cuBLAS) | last clock (cuBLAS) "
              "| config |",
              "|---|---|---|---|---|---|---|---|"]
     tuned: dict[str, list[float]] = {"burst": [], "sustained": []}
@@ -123,12 +129,13 @@ def report(cases: list[dict[str, Any]], env: dict[str, Any], argv: list[str]) ->
             continue
         rb, rs = ratios(case["rounds"], "burst"), ratios(case["rounds"], "sustained")
         last = {x["kernel"]: x for x in case["rounds"] if x["mode"] == "sustained"}
+        tf = medians(case["rounds"], "sustained")
         for name in rb:
             if name == "tuned":
                 tuned["burst"].append(rb[name])
                 tuned["sustained"].append(rs[name])
             lines.append(f"| {shape} | {case['dtype']} | {name[:60]} | {rb[name]:.3f} | {rs[name]:.3f} | "
-                         f"{last[name]['tflops']:.0f} ({last['cublas']['tflops']:.0f}) | "
+                         f"{tf[name]:.0f} ({tf['cublas']:.0f}) | "
                          f"{last[name].get('clocks.sm', '?')} ({last['cublas'].get('clocks.sm', '?')}) | "
                          f"{json.dumps(case['configs'].get(name), sort_keys=True)} |")
     if tuned["burst"]:
@@ -153,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--configs", nargs="*", default=[], help="board labels or JSON objects, timed on every case")
     ap.add_argument("--tuned", action="store_true", help="tune each case first and time the kernel it returns")
     ap.add_argument("--topk", type=int, default=8, help="with --tuned: the carver's hints tuned (the board's 8)")
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds; the kernels' order rotates each round")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="interleaved rounds, the order rotated each round (raised to a multiple of the kernels)")
     ap.add_argument("--burst", type=int, default=20, help="calls per burst timing (the tuner's rep)")
     ap.add_argument("--sustained", type=int, default=400, help="calls per sustained timing")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds; no new case starts past it")
@@ -168,6 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         labels = {label: parse_config(label) for label in args.configs}
     except ValueError as e:
         ap.error(str(e))
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
+    n_kernels = 1 + args.tuned + len(labels)
+    if args.rounds % n_kernels:  # whole rotations: each kernel leads as many rounds as every other
+        rounds = -(-args.rounds // n_kernels) * n_kernels
+        print(f"--rounds {args.rounds} -> {rounds}: a multiple of the {n_kernels} kernels, so each leads "
+              f"{rounds // n_kernels} rounds", flush=True)
+        args.rounds = rounds
+    # tuned from cold, as the board's ``ours`` phase: a cache of this run's own, emptied first, not the user's
+    cache = args.out / "cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    os.environ.update(TILECARVE_CACHE_DIR=str(cache / "tilecarve"), TILELANG_CACHE_DIR=str(cache / "tilelang"))
     t0 = time.perf_counter()
     from templates import matmul as mm
 

@@ -28,6 +28,7 @@ def test_a_board_label_and_a_json_config_are_read_and_a_bad_one_is_named():
     ([], "nothing to time"),
     (["--tuned", "--dtypes", "fp8"], "'fp8' unknown"),
     (["--configs", "128x2"], "BMxBNxBK"),
+    (["--tuned", "--rounds", "0"], "at least 1"),
 ])
 def test_bad_arguments_are_refused_before_any_gpu_work(argv, words, capsys, tmp_path):
     with pytest.raises(SystemExit) as e:
@@ -63,14 +64,28 @@ def test_the_report_takes_medians_per_mode_and_states_each_target():
     assert "2 cases timed of 3." in text
 
 
-def test_the_kernels_take_turns_at_coming_first():
-    names = ["cublas", "tuned", "128x256x64 s3 t256 r"]
-    from benchlib import round_order
+def test_the_kernels_take_turns_at_coming_first(monkeypatch):
+    """``time_round`` with the timer and nvidia-smi replaced: the order each round really times the kernels in."""
+    from types import SimpleNamespace
 
-    orders = [round_order(names, r) for r in range(4)]
-    assert orders[0] == names and orders[3] == names
-    assert [o[0] for o in orders[:3]] == names  # each kernel leads one round of three
-    assert all(sorted(o) == sorted(names) for o in orders)
+    import autotuner.timing
+
+    names = ["cublas", "tuned", "128x256x64 s3 t256 r"]
+    calls: list[tuple[str, int]] = []
+    fns = {n: (lambda n=n: n) for n in names}
+
+    def fake_time(fn, warmup, rep, device):
+        calls.append((fn(), rep))
+        return SimpleNamespace(median_ms=1.0)
+
+    monkeypatch.setattr(autotuner.timing, "time_callable", fake_time)
+    monkeypatch.setattr(gs, "gpu_state", lambda: {"clocks.sm": "1500 MHz"})
+    args = SimpleNamespace(burst=20, sustained=400)
+    rows = [row for r in range(3) for row in gs.time_round(fns, dict(M=1, N=1, K=1), r, args)]
+    firsts = [calls[i][0] for i in range(0, len(calls), 3)]  # who led each mode of each round
+    assert firsts == ["cublas", "cublas", "tuned", "tuned", "128x256x64 s3 t256 r", "128x256x64 s3 t256 r"]
+    assert [rep for _, rep in calls] == [20] * 3 + [400] * 3 + [20] * 3 + [400] * 3 + [20] * 3 + [400] * 3
+    assert len(rows) == 18 and all(r["tflops"] == 2e-9 for r in rows)
 
 
 def test_the_board_rotates_which_kernel_it_times_first(monkeypatch):
@@ -85,12 +100,16 @@ def test_the_board_rotates_which_kernel_it_times_first(monkeypatch):
 
     def fake_time(fn):
         out = fn()
-        timed.append("cublas" if fn.func is gemm._cublas_nt else "ours")
+        timed.append("cublas" if getattr(fn, "func", None) is gemm._cublas_nt else "ours")
         return float(out.sum())
 
     monkeypatch.setattr(gemm, "_inputs", inputs)
     monkeypatch.setattr(gemm, "_time_ms", fake_time)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     row = gemm.measure(dict(M=4, N=4, K=4), {"ours": lambda a, b: a @ b.T})
-    assert timed == ["cublas", "ours", "ours", "cublas", "cublas", "ours"]
-    assert row["ours_err"] == 0 and len(row["ours_round_ms"]) == gemm._ROUNDS == 3
+    # two kernels: 4 rounds (3 raised to whole rotations), each kernel first in two
+    assert timed == ["cublas", "ours", "ours", "cublas", "cublas", "ours", "ours", "cublas"]
+    assert row["ours_err"] == 0 and len(row["ours_round_ms"]) == 4 and gemm._ROUNDS == 3
+    timed.clear()
+    gemm.measure(dict(M=4, N=4, K=4), {"ours": lambda a, b: a @ b.T, "triton": lambda a, b: a @ b.T})
+    assert len(timed) == 9  # three kernels: 3 rounds
