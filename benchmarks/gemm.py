@@ -653,7 +653,8 @@ def render_markdown(rep: dict[str, Any]) -> str:
         f"triton {env.get('triton')}. Date: {rep['date']}.",
         f"Command: `{rep['command']}`",
         "",
-        "TFLOP/s = 2MNK / median latency (CUDA events, L2 flushed, 100 calls; the median of 3 interleaved rounds). "
+        "TFLOP/s = 2MNK / median latency (CUDA events, L2 flushed, 100 calls; the median of 3 or 4 interleaved "
+        "rounds, the order rotated each round). "
         "C = A @ B.T, A (M, K), B (N, K).",
         "",
         "| shape | dtype | cuBLAS | ours | ours / cuBLAS | exhaustive best | ours / exhaustive | Triton "
