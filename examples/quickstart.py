@@ -29,9 +29,14 @@ def offline_hints(gpu: str, m: int, n: int, k: int) -> None:
     tmpl = MatmulTemplate(M=m, N=n, K=k, in_dtype="float16", out_dtype="float16", accum_dtype="float32",
                           trans_A=False, trans_B=True).with_arch(CUDA(gpu))
     print(f"\ncarver top-8 hints for a {m}x{n}x{k} fp16 GEMM on {gpu} (offline, no GPU used):")
+    predicted = []
     for rank, hint in enumerate(tmpl.recommend_hints(topk=8), 1):
-        pred = tmpl.predict(hint.to_config())
-        print(f"  {rank}. {hint.to_config()}  predicted {pred.latency_ms:.4f} ms")
+        predicted.append(tmpl.predict(hint.to_config()).latency_ms)
+        print(f"  {rank}. {hint.to_config()}  predicted {predicted[-1]:.4f} ms")
+    if predicted != sorted(predicted):
+        from tilecarve.cli import OUT_OF_ORDER
+
+        print(f"  {OUT_OF_ORDER['matmul']}")
 
 
 def main() -> None:

@@ -23,6 +23,7 @@ from kernels.c_kernels import add, ref_add
 from autotuner import AutoTuner
 from autotuner.config import config_label
 from autotuner.logs import MEMORY_CACHE_ADVICE, tilelang_logs_for_run
+from tilecarve import cli
 from tilecarve.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,6 +150,19 @@ def test_gemv_hints_are_what_gemv_tune_measures(capsys):
     assert code == 0
     want = gemv.candidates(gemv.make_problem(4, 4096, 4096), CUDA("H200"), 3)
     assert [h["config"] for h in json.loads(out)["hints"]] == [c.to_dict() for c in want]
+
+
+@pytest.mark.parametrize("family, shape, docs", [("matmul", ("4096", "4096", "4096"), "docs/carver.md"),
+                                                  ("gemv", ("1", "4096", "4096"), "docs/gemv.md")])
+def test_a_hint_list_out_of_the_predictions_order_says_why_in_its_familys_terms(family, shape, docs, capsys):
+    """An unsorted "predicted ms" column is explained by the family's own hedge (a GEMV list is not ordered
+    by the matmul carver's extrapolation margin), and a sorted one gets no note."""
+    code, table, _ = run(capsys, "hints", "--gpu", "H100", "--family", family, *shape, "--topk", "8")
+    ms = [float(line.split()[1]) for line in table.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert code == 0 and ms != sorted(ms)  # these lists are hedged out of the predictions' order
+    assert table.rstrip().splitlines()[-1] == cli.OUT_OF_ORDER[family] and docs in cli.OUT_OF_ORDER[family]
+    code, table, _ = run(capsys, "hints", "--gpu", "H100", "--family", family, *shape, "--topk", "1")
+    assert code == 0 and not any(note in table for note in cli.OUT_OF_ORDER.values())
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message a CPU-only machine gets")

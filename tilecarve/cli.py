@@ -188,9 +188,18 @@ def cmd_hints(args: argparse.Namespace) -> int:
         print(f"{h['rank']:>4}  {h['predicted_ms']:>12.4f}  {h['predicted_tflops']:>8.1f}  {h['bound']:<8}  "
               f"{config_label(h['config'])}")
     if any(b["predicted_ms"] < a["predicted_ms"] for a, b in zip(hints, hints[1:])):
-        print("(a config outside the region the model was calibrated on, e.g. 4+ stages, ranks above a calibrated "
-              "one only if predicted 5% faster: docs/carver.md)")
+        print(OUT_OF_ORDER[args.family])
     return EXIT_OK
+
+
+#: Why a family's hint list is not in the order of its predictions (printed where it is not).
+OUT_OF_ORDER = {
+    "matmul": "(a config outside the region the model was calibrated on, e.g. 4+ stages, ranks above a calibrated "
+              "one only if predicted 5% faster: docs/carver.md)",
+    "gemv": "(the list hedges the model: at least half of its top-k from each path, SIMT and mma, at most two "
+            "per path and block_N, then the cp.async configs (tma=False), which the model does not tell from "
+            "their TMA twins: docs/gemv.md)",
+}
 
 
 # --------------------------------------------------------------------------------------------------
