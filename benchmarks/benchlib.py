@@ -45,6 +45,12 @@ def round_order(names: Sequence[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
+def whole_rotations(rounds: int, arms: int) -> int:
+    """``rounds`` raised to a multiple of ``arms``, so that under :func:`round_order` each arm leads as many rounds
+    as every other."""
+    return -(-rounds // arms) * arms
+
+
 def geomean(xs: Sequence[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a checkout: templates/, autotuner/, carver/ live in the root
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import round_order  # noqa: E402 - beside this file
+from benchlib import round_order, whole_rotations  # noqa: E402 - beside this file
 
 __all__ = ["SUITE", "QUICK_SUITE", "main"]
 
@@ -333,8 +333,7 @@ def measure(c: dict[str, Any], kernels: dict[str, Callable[[Any, Any], Any]]) ->
         except Exception as e:  # noqa: BLE001 - a failing column is reported, the board goes on
             row[f"{name}_error"] = _error(e)
     rounds: dict[str, list[float]] = {name: [] for name in timed}
-    n_rounds = -(-_ROUNDS // len(timed)) * len(timed)  # whole rotations: each kernel leads as many rounds
-    for r in range(n_rounds):
+    for r in range(whole_rotations(_ROUNDS, len(timed))):
         for name in round_order(list(timed), r):
             fn = timed[name]
             try:

@@ -38,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import dump, error_text, geomean, median, mismatches, round_order  # noqa: E402
+from benchlib import (  # noqa: E402
+    dump,
+    error_text,
+    geomean,
+    median,
+    mismatches,
+    poisoned_call,
+    round_order,
+    whole_rotations,
+)
 from gemm import _cublas_nt, _cuda_up, _environment, _inputs, _shape, _tflops  # noqa: E402
 
 
@@ -179,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     n_kernels = 1 + args.tuned + len(labels)
-    if args.rounds % n_kernels:  # whole rotations: each kernel leads as many rounds as every other
-        rounds = -(-args.rounds // n_kernels) * n_kernels
+    if (rounds := whole_rotations(args.rounds, n_kernels)) != args.rounds:
         print(f"--rounds {args.rounds} -> {rounds}: a multiple of the {n_kernels} kernels, so each leads "
               f"{rounds // n_kernels} rounds", flush=True)
         args.rounds = rounds
@@ -215,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                 for label, cfg in labels.items():
                     kernel = mm.compile(M, N, K, cfg, dtype=dtype)
                     fns[label], case["configs"][label] = functools.partial(kernel, a, b), cfg
-                for name, fn in fns.items():  # a wrong kernel's speed is no result
-                    if name != "cublas" and (bad := mismatches(fn(), ref, atol=2e-2, rtol=2e-2)):
+                for name, fn in fns.items():  # a wrong kernel's speed is no result; C starts as poison
+                    if name != "cublas" and (bad := mismatches(poisoned_call(fn, ()), ref, atol=2e-2, rtol=2e-2)):
                         raise AssertionError(f"{name}: {bad} elements differ from cuBLAS's")
                 for r in range(args.rounds):
                     case["rounds"] += time_round(fns, c, r, args)

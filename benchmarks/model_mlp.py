@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples" / "model"))
 
-from benchlib import dump, geomean, log, median, per_call_us  # noqa: E402
+from benchlib import dump, geomean, log, median, per_call_us, round_order  # noqa: E402
 
 TOKENS = (1, 16, 128, 512, 2048, 8192)
 
@@ -105,13 +105,14 @@ def phase_speed(res: dict, args: argparse.Namespace, deadline: float) -> None:
             iters[t] = max(3, min(200, int(20e3 / max(per, 1.0))))
             rows[str(t)] = {"iters": iters[t], "max_rel_err": err, "tc_us": [], "torch_us": [],
                             "served": [[used[f"{p}@{t}"][3], used[f"{p}@{t}"][2]] for p in ("gate_proj", "down_proj")]}
+        arms = {"tc": block, "torch": ref}
         for r in range(args.rounds):
             if time.time() > deadline:
                 log("speed: time limit; stopping the rounds early")
                 break
-            for t, x in xs.items():  # who goes first alternates: the second meets a GPU the first has heated
-                for name, mod in ((("tc", block), ("torch", ref)) if r % 2 == 0 else (("torch", ref), ("tc", block))):
-                    rows[str(t)][f"{name}_us"].append(time_block(mod, x, iters[t]))
+            for t, x in xs.items():  # who goes first rotates: the second meets a GPU the first has heated
+                for name in round_order(arms, r):
+                    rows[str(t)][f"{name}_us"].append(time_block(arms[name], x, iters[t]))
             log(f"speed round {r + 1}/{args.rounds}")
     for t, row in rows.items():
         if row["tc_us"]:
@@ -190,7 +191,8 @@ def phase_graph(res: dict, args: argparse.Namespace) -> None:
             graphs = {"tilecarve": capture(block, x, args.profile_calls), "torch": capture(ref, x, args.profile_calls)}
             times: dict = {name: [] for name in graphs}
             for r in range(args.rounds):
-                for name, g in list(graphs.items())[::1 if r % 2 == 0 else -1]:  # who goes first alternates
+                for name in round_order(graphs, r):  # who goes first rotates
+                    g = graphs[name]
                     g.replay()  # once untimed: the first replay of a round pays for the other graph's data
                     start.record()
                     g.replay()

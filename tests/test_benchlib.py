@@ -56,10 +56,11 @@ def test_interleaved_rounds_rotate_who_goes_first():
     from types import SimpleNamespace
 
     import attention
-    from benchlib import round_order
+    from benchlib import round_order, whole_rotations
 
     assert [round_order("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
     assert round_order([], 3) == []
+    assert [whole_rotations(3, 2), whole_rotations(3, 3), whole_rotations(4, 3), whole_rotations(1, 1)] == [4, 3, 6, 1]
     seen: list[str] = []
     bench = attention.Bench.__new__(attention.Bench)  # no GPU: only the rounds, with a clock that runs the call
     bench.args, bench.clock = SimpleNamespace(rounds=2), SimpleNamespace(time=lambda fn: fn() or 1.0)
