@@ -34,6 +34,9 @@ CASES = {
     "TN-bf16-cluster2x1-odd": (600, 2800, 1000, dict(WIDE, cluster="2x1"), dict(trans_A=True, trans_B=False,
                                                                                  **BF16)),  # 5 M tiles
     "NT-fp16-persistent": (8192, 8192, 512, dict(WIDE, warp_policy="full_row", persistent=132), {}),
+    # 256 tiles on 132 CTAs, rasterized in panels of 10: TileLang's ThreadSync failed on this one grid while the
+    # loop tested a tile's decoded coordinates (2026-12-07); the loop now tests its index
+    "NT-fp16-persistent-256-tiles": (2048, 4096, 4096, dict(WIDE, warp_policy="full_row", persistent=132), {}),
     "NT-fp8": (2048, 2048, 1024, dict(WIDE, block_K=128), dict(in_dtype="float8_e4m3", out_dtype="float16")),
     # C from registers: no staging tile, so 4 stages of 128x256x64 fit (persistent too) without C on the ring
     "NT-fp16-persistent-direct-s4": (8192, 8192, 512, dict(WIDE, warp_policy="full_row", persistent=132,

@@ -172,7 +172,7 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
         T.set_max_nreg(PRODUCER_REGS, 0)
         for w in T.serial(waves):
             tm, tn = sched.coord(w * persistent + cta)
-            if tm < m_tiles and tn < n_tiles:
+            if w * persistent + cta < m_tiles * n_tiles:  # the consumers' test: see the persistent form's
                 for ko in T.serial(k_tiles):
                     load(A, B, A_s, B_s, full, empty, w * k_tiles + ko, ko, tm, tn)
 
@@ -243,7 +243,10 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                     T.set_max_nreg(creg, 1)
                     for w in T.serial(waves):
                         tm, tn = sched.coord(w * persistent + cta)
-                        if tm < m_tiles and tn < n_tiles:
+                        # the tile's index, not its coordinates (the scheduler maps [0, tiles) onto the grid, so
+                        # the two tests agree): on the coordinates, TileLang 0.1.15's ThreadSync failed to lower
+                        # C's store sync at 16x16 tiles on 132 CTAs ("176 participating threads")
+                        if w * persistent + cta < m_tiles * n_tiles:
                             mainloop(A_s, B_s, C_local, full, empty, w * k_tiles, tx)
                             epilogue(C, C_local, C_s, empty, w * k_tiles + k_tiles - 1, tm, tn, tx)
                     T.tma_store_wait(0)
