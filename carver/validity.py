@@ -50,7 +50,6 @@ __all__ = [
     "CLUSTERS",
     "MAX_CLUSTER_SIZE",
     "SPLIT_REDUCES",
-    "C_STORES",
     "VARIANTS",
     "PINGPONG_MAX_TILE",
     "WS_PRODUCER_THREADS",
@@ -81,7 +80,7 @@ CONFIG_KEYS: tuple[str, ...] = (
 OPTIONAL_KEYS: dict[str, int] = {"panel_size": 10, "split_k": 1}
 #: Keys only the kernel takes (the carver ranks the grid's program without them), with their defaults.
 KERNEL_KEYS: dict[str, Any] = {"warp_policy": "square", "persistent": 0, "variant": "pipelined", "cluster": "1x1",
-                               "split_reduce": "workspace", "c_store": "staged"}
+                               "split_reduce": "workspace"}
 #: The kernel keys the carver's rules read (a config may give them to :func:`check_matmul_config` without
 #: ``kernel_keys``): a split summed in its cluster (``split_reduce="cluster"``) has no workspace in device
 #: memory and no reduction grid.
@@ -108,11 +107,6 @@ CLUSTERS: tuple[str, ...] = ("1x1", "2x1", "1x2")
 #: rows from its peers' partials, sent over the cluster's shared memory) and stores C itself: one launch, no
 #: workspace. Hopper only.
 SPLIT_REDUCES: tuple[str, ...] = ("workspace", "cluster")
-#: ``c_store`` values, how the hand-scheduled loop (:data:`WS_VARIANTS`) writes C: "staged" through a C tile in
-#: shared memory (a TMA store where C's rows allow one), "direct" from the accumulator's registers to global
-#: memory, which frees that tile's shared memory for a stage more (``ws_smem_bytes``) and leaves no store for
-#: the next tile of a persistent CTA to wait for.
-C_STORES: tuple[str, ...] = ("staged", "direct")
 #: The largest thread-block cluster CUDA launches without opting in to a non-portable size.
 MAX_CLUSTER_SIZE = 8
 #: The ws variant's producer warpgroup, launched on top of the ``thread_num`` consumer threads.
@@ -475,8 +469,6 @@ _STRING_KEYS: dict[str, tuple[tuple[str, ...], str]] = {
     "cluster": (CLUSTERS, "CTAs along M x along N; '1x1' launches no clusters"),
     "split_reduce": (SPLIT_REDUCES, "how split-K partials are summed: 'workspace' by a second kernel, 'cluster' "
                      "in the shared memory of the tile's cluster of splits"),
-    "c_store": (C_STORES, "how the hand-scheduled loop writes C: 'staged' through shared memory, 'direct' from "
-                "registers"),
 }
 
 
@@ -669,13 +661,9 @@ def kernel_key_problems(problem: MatmulProblem | None, cfg: Mapping[str, Any]) -
                        f"grid's y axis, over CUDA's limit of {MAX_GRID_YZ}; use split_reduce='workspace'")
     if cfg["variant"] in WS_VARIANTS:
         out += _ws_problems(problem, cfg)
-    else:
-        if cfg["cluster"] != "1x1":
-            out.append(f"cluster={cfg['cluster']!r} needs variant='ws' (TileLang's T.Pipelined loop issues no "
-                       f"multicast loads); use variant='ws' or cluster='1x1'")
-        if cfg["c_store"] != "staged":
-            out.append(f"c_store={cfg['c_store']!r} is a form of the hand-scheduled loop's epilogue (variant='ws' or "
-                       f"'pingpong'), got variant={cfg['variant']!r}; use c_store='staged'")
+    elif cfg["cluster"] != "1x1":
+        out.append(f"cluster={cfg['cluster']!r} needs variant='ws' (TileLang's T.Pipelined loop issues no multicast "
+                   f"loads); use variant='ws' or cluster='1x1'")
     return out
 
 
@@ -690,11 +678,10 @@ def ws_smem_bytes(problem: MatmulProblem, cfg: Mapping[str, Any], c_on_ring: boo
     """Shared memory of the ws variants: the ring of A/B stages, C's staging tile beside it (the epilogue
     runs inside the consumer branch, where TileLang's default planner does not alias it onto the ring; one
     per warpgroup in ping-pong, whose two stores may overlap) or, with ``c_on_ring`` (:data:`C_ON_RING`
-    set), within it, and the barriers. ``c_store="direct"`` stages no C tile."""
+    set), within it, and the barriers."""
     stage = (cfg["block_M"] + cfg["block_N"]) * cfg["block_K"] * problem.in_bytes
     ring = _ceil_div(cfg["num_stages"] * stage, 1024) * 1024
-    direct = cfg.get("c_store", KERNEL_KEYS["c_store"]) == "direct"
-    c_tile = 0 if direct else _ceil_div(cfg["block_M"] * cfg["block_N"] * problem.out_bytes, 1024) * 1024
+    c_tile = _ceil_div(cfg["block_M"] * cfg["block_N"] * problem.out_bytes, 1024) * 1024
     if cfg.get("variant") == "pingpong":
         c_tile *= 2
     return (max(ring, c_tile) if c_on_ring else ring + c_tile) + 1024
@@ -741,17 +728,12 @@ def kernel_key_arch_problems(problem: MatmulProblem, arch: GPUArch, cfg: Mapping
         beside = 0 if c_on_ring else need - 1024 - _ceil_div(cfg["num_stages"] * stage, 1024) * 1024
         fit = (arch.smem_per_block - 1024 - beside) // stage
         fix = f"use num_stages <= {fit}" if fit >= 2 else "use a smaller block_K or tile"
-        direct = cfg["c_store"] == "direct"
-        if not direct and not c_on_ring and not cfg["persistent"] \
-                and ws_smem_bytes(problem, cfg, True) <= arch.smem_per_block:
+        if not c_on_ring and not cfg["persistent"] and ws_smem_bytes(problem, cfg, True) <= arch.smem_per_block:
             fix += f", or pass_configs={{{C_ON_RING!r}: True}} to put C's tile on the ring"
-        if not direct and ws_smem_bytes(problem, {**cfg, "c_store": "direct"}) <= arch.smem_per_block:
-            fix += ", or c_store='direct' to store C from registers without a staging tile"
         where = "within the ring" if c_on_ring else "beside the ring of stages"
         tiles = "its two C tiles, one a warpgroup," if cfg["variant"] == "pingpong" else "its C tile"
-        what = "its ring of stages; c_store='direct' stages no C tile" if direct else f"{tiles} {where}"
         return [f"variant={cfg['variant']!r} {cfg['block_M']}x{cfg['block_N']}x{cfg['block_K']} with num_stages="
-                f"{cfg['num_stages']} needs {need} bytes of shared memory ({what}), over "
+                f"{cfg['num_stages']} needs {need} bytes of shared memory ({tiles} {where}), over "
                 f"{arch.name}'s {arch.smem_per_block} per block; {fix}"]
     return []
 

@@ -81,17 +81,6 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
     CASES["ws-TN-fp16-ring-one-warpgroup-s7"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=7,
                                                                        variant="ws"), dict(RING, trans_A=True,
                                                                                            trans_B=False))
-    # C stored from registers (c_store="direct"): no staging tile, 4 stages of 128x256x64 beside nothing; every
-    # layout (dtypes alternating), tiles cut at M, N and K, unaligned C rows, persistent and ping-pong forms
-    DIRECT = dict(WS, num_stages=4, warp_policy="full_row", c_store="direct")
-    for _i, _layout in enumerate(LAYOUTS):
-        _dtype = DTYPES[_i % len(DTYPES)]
-        CASES[f"ws-{_layout}-{_dtype}-direct-odd"] = (1000, 2000, 1000, DIRECT, dict(
-            trans_A=LAYOUTS[_layout][0], trans_B=LAYOUTS[_layout][1], in_dtype=_dtype, out_dtype=_dtype))
-    CASES["ws-NT-bf16-direct-persistent-C-unaligned"] = (4001, 4097, 1000, dict(DIRECT, persistent=7), dict(
-        in_dtype="bfloat16", out_dtype="bfloat16"))
-    CASES["ws-TN-fp16-direct-persistent-out-fp32"] = (1000, 2000, 4000, dict(DIRECT, persistent=13, num_stages=3),
-                                                      dict(trans_A=True, trans_B=False, out_dtype="float32"))
     CASES["ws-NN-bf16-tall-full_row-odd"] = (1000, 2000, 1000, dict(WS, block_M=256, block_N=128), dict(
         warp_policy="full_row", trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["ws-NN-fp16-one-warpgroup-out-fp32"] = (1000, 1000, 1000, dict(MID, thread_num=128, num_stages=4,
@@ -131,9 +120,6 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
         trans_B=False, in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["pingpong-NT-fp16-one-K-step-out-fp32"] = (1000, 2000, 64, dict(PP, num_stages=2), dict(
         out_dtype="float32"))  # two fp32 C tiles beside 2 stages: 193 KB
-    CASES["pingpong-NT-bf16-direct-s6-C-unaligned"] = (4001, 4097, 1000, dict(PP, num_stages=6, persistent=7,
-                                                                              c_store="direct"), dict(
-        in_dtype="bfloat16", out_dtype="bfloat16"))
     CASES["pingpong-TN-fp16-128x192-s3"] = (4000, 4096, 1000, dict(PP, block_N=192, num_stages=3,
                                                                     persistent=132), dict(trans_A=True,
                                                                                           trans_B=False))
@@ -220,7 +206,7 @@ def test_correct_against_torch(name, compiled):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="the hand-scheduled loop needs Hopper")
-@pytest.mark.parametrize("form", ["pingpong", "cluster2x1", "cluster1x2", "clustersplit", "persistent-direct"])
+@pytest.mark.parametrize("form", ["pingpong", "cluster2x1", "cluster1x2", "clustersplit"])
 def test_the_hopper_loop_with_a_symbolic_m_is_right_at_every_m(form):
     """One kernel with M symbolic, as the op compiles one per bucket of M (templates/matmul/op.py). Ping-pong
     runs at Ms whose 128x128 tiles give the 132 CTAs none or one (M = 1, 100), one or two (1000), four or five
@@ -236,9 +222,7 @@ def test_the_hopper_loop_with_a_symbolic_m_is_right_at_every_m(form):
            "cluster2x1": dict(MID, block_M=64, block_N=224, num_stages=5, thread_num=128, variant="ws",
                               cluster="2x1"),
            "cluster1x2": dict(MID, num_stages=6, variant="ws", warp_policy="full_row", cluster="1x2"),
-           "clustersplit": dict(SMALL_M, enable_rasterization=False, split_k=4, split_reduce="cluster"),
-           "persistent-direct": dict(WIDE, num_stages=4, variant="ws", warp_policy="full_row", persistent=132,
-                                     c_store="direct")}[form]
+           "clustersplit": dict(SMALL_M, enable_rasterization=False, split_k=4, split_reduce="cluster")}[form]
     jit = tilelang.compile(mop.gemm(T.dynamic("M"), 4096, 4096, "float16", **cfg), target="cuda")
     for M in (1, 100, 1000, 2049, 4096):
         A, B, ref = make_inputs(M, 4096, 4096)

@@ -38,9 +38,6 @@ H100, A100 = CUDA("H100"), CUDA("A100-80GB")
     (dict(variant="warp"), r"variant must be one of \['pipelined', 'ws', 'pingpong'\], got 'warp'"),
     (dict(cluster="2x2"), r"cluster must be one of \['1x1', '2x1', '1x2'\], got '2x2'"),
     (dict(cluster=2), "cluster must be one of"),
-    (dict(c_store="registers"), r"c_store must be one of \['staged', 'direct'\], got 'registers'"),
-    (dict(variant="pipelined", c_store="direct"), r"c_store='direct' is a form of the hand-scheduled loop's "
-                                                   r"epilogue .*got variant='pipelined'; use c_store='staged'"),
 ])
 def test_configs_the_ws_loop_cannot_run_are_refused_with_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -227,34 +224,13 @@ def test_ws_is_hopper_only_and_its_c_tile_counts_against_shared_memory():
     assert any("needs Hopper" in m for m in mm.check(p, mm.MatmulConfig(**WS), A100))
 
 
-def test_a_direct_c_store_stages_no_c_tile_so_a_stage_more_fits():
-    """``c_store="direct"`` writes C from the accumulator's registers: the ring alone counts, persistent or not
-    (no C tile for the next tile's loads to race with), and a staged config over the limit is told of it."""
-    p = MatmulProblem(4096, 4096, 4096)
-    four = normalize_config(dict(WS, num_stages=4), kernel_keys=True)[0]
-    direct = dict(four, c_store="direct")
-    assert ws_smem_bytes(p, direct) == 4 * 48 * 1024 + 1024 == ws_smem_bytes(p, four, c_on_ring=True)
-    for persistent in (0, 132):
-        assert kernel_key_arch_problems(p, H100, dict(direct, persistent=persistent)) == []
-        (msg,) = kernel_key_arch_problems(p, H100, dict(four, persistent=persistent))
-        assert "c_store='direct'" in msg and "use num_stages <= 3" in msg
-    (msg,) = kernel_key_arch_problems(p, H100, dict(direct, num_stages=5))
-    assert "its ring of stages; c_store='direct' stages no C tile" in msg and "use num_stages <= 4" in msg
-    # ping-pong's two C tiles go as well: 6 stages of 128x128x64 where 4 fit beside them
-    pp = normalize_config(dict(PINGPONG, num_stages=6), kernel_keys=True)[0]
-    assert kernel_key_arch_problems(p, H100, dict(pp, c_store="direct")) == []
-    assert "c_store='direct'" in kernel_key_arch_problems(p, H100, pp)[0]
-
-
 def test_config_keys_default_to_the_grid_program_and_round_trip():
     cfg = mm.MatmulConfig(**WS, cluster="1x2")
     assert cfg.to_dict() == {**WS, "cluster": "1x2"}
     assert mm.MatmulConfig.from_dict(cfg.to_dict()) == cfg
     plain = mm.MatmulConfig(**{**WS, "variant": "pipelined"})
     assert "variant" not in plain.to_dict() and "cluster" not in plain.to_dict()
-    assert set(mm.CONFIG_KEYS[-4:]) == {"variant", "cluster", "split_reduce", "c_store"}
-    direct = mm.MatmulConfig(**WS, c_store="direct")
-    assert direct.to_dict() == {**WS, "c_store": "direct"} and mm.MatmulConfig.from_dict(direct.to_dict()) == direct
+    assert set(mm.CONFIG_KEYS[-3:]) == {"variant", "cluster", "split_reduce"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,13 +259,6 @@ def test_clusters_multicast_the_shared_tile_and_pad_the_grid(cluster, shared, gr
     assert [("cluster_mask=3" in line) for line in loads] == [shared == "A", shared == "B"]
     assert 'scope="shared.cluster_barrier"' in text and "empty: [16, 16, 16]" in text  # 8 warps x 2 CTAs
     assert "T.ptx_arrive_cluster_barrier" in text and text.rstrip().endswith("T.cluster_sync()")
-
-
-def test_a_direct_c_store_writes_c_from_the_accumulator():
-    staged = mm.kernel(4000, 4000, 1000, **WS, warp_policy="full_row", persistent=132).script()
-    text = mm.kernel(4000, 4000, 1000, **WS, warp_policy="full_row", persistent=132, c_store="direct").script()
-    assert "C_s" in staged and "C_s" not in text and "tma_store" not in text.replace("tma_store_wait", "")
-    assert text.count("wait_wgmma(0)") == staged.count("wait_wgmma(0)") == 1
 
 
 def test_persistent_ws_runs_one_ring_across_tiles_and_defers_the_store_wait():

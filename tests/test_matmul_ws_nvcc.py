@@ -38,10 +38,6 @@ CASES = {
     # loop tested a tile's decoded coordinates (2026-12-07); the loop now tests its index
     "NT-fp16-persistent-256-tiles": (2048, 4096, 4096, dict(WIDE, warp_policy="full_row", persistent=132), {}),
     "NT-fp8": (2048, 2048, 1024, dict(WIDE, block_K=128), dict(in_dtype="float8_e4m3", out_dtype="float16")),
-    # C from registers: no staging tile, so 4 stages of 128x256x64 fit (persistent too) without C on the ring
-    "NT-fp16-persistent-direct-s4": (8192, 8192, 512, dict(WIDE, warp_policy="full_row", persistent=132,
-                                                           num_stages=4, c_store="direct"), {}),
-    "NT-bf16-odd-direct-C-unaligned": (1000, 4001, 1000, dict(WIDE, num_stages=4, c_store="direct"), BF16),
 }
 
 
@@ -116,10 +112,8 @@ def test_ws_compiles_for_sm90a_with_the_intended_structure(name, sm90a, monkeypa
     else:
         assert "cluster" not in src and "cudaGridDependencySynchronize" not in src
     c_aligned = N * problem.out_bytes % 16 == 0
-    direct = cfg.get("c_store") == "direct"
-    assert ("tma_store(C_desc" in src) == (c_aligned and not direct), f"{name}: C rows aligned {c_aligned}"
-    assert ("C_s" in src) != direct, f"{name}: a C staging tile with c_store={cfg.get('c_store')}"
-    if cfg.get("persistent") and not direct:  # the store is waited for before the next tile's C (and once before exit)
+    assert ("tma_store(C_desc" in src) == c_aligned, f"{name}: C rows aligned {c_aligned}"
+    if cfg.get("persistent"):  # the store is waited for before the next tile's C (and once before exit)
         epilogue = consumer[consumer.index("wait_wgmma<0>"):]
         assert epilogue.index("tma_store_wait<0, true>") < epilogue.index("tma_store(C_desc")
         assert "tma_store_wait<0, true>" in epilogue[epilogue.rindex("tma_store_arrive()"):]
@@ -175,8 +169,6 @@ PINGPONG_CASES = {
                                dict(trans_A=True, trans_B=False, **BF16)),
     "NT-fp16-odd-64x256-C-unaligned": (1000, 4001, 2000, dict(PINGPONG, block_M=64, block_N=256, persistent=13),
                                        {}),
-    "NT-fp16-odd-128x128-s6-direct": (1000, 4000, 1000, dict(PINGPONG, num_stages=6, persistent=13,
-                                                                   c_store="direct"), {}),
 }
 
 
@@ -206,13 +198,10 @@ def test_pingpong_compiles_for_sm90a_with_two_warpgroups_taking_turns(name, sm90
         assert "tma_load" not in wg
     assert src.count("wait_wgmma<1>") == 2
     c_aligned = N * problem.out_bytes % 16 == 0
-    direct = cfg.get("c_store") == "direct"
-    assert src.count("tma_store(C_desc") == (2 if c_aligned and not direct else 0)
-    assert ("C_s0" in src and "C_s1" in src) != direct
+    assert src.count("tma_store(C_desc") == (2 if c_aligned else 0)
     assert "0 bytes spill stores, 0 bytes spill loads" in ptxas and "serialized" not in ptxas, ptxas[-600:]
-    need = ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs())  # the ring and two C tiles (or none)
-    c_tiles = 0 if direct else 2 * (bm * bn * 2 // 1024)
-    assert need == ((cfg["num_stages"] * (bm + bn) * 64 * 2 + 1023) // 1024 + c_tiles) * 1024 + 1024
+    need = ws_smem_bytes(problem, mm.MatmulConfig(**cfg).kernel_kwargs())  # the ring and two C tiles
+    assert need == ((cfg["num_stages"] * (bm + bn) * 64 * 2 + 1023) // 1024 + 2 * (bm * bn * 2 // 1024)) * 1024 + 1024
     assert f"(int64_t){need - 1024})" in jit.get_host_source(), f"{name}: dynamic smem is not {need - 1024}"
 
 

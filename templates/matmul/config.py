@@ -155,7 +155,6 @@ class MatmulConfig(TemplateConfig):
     variant: str = KERNEL_KEYS["variant"]  # "pipelined" (T.Pipelined), "ws" or "pingpong" (ws_program.py)
     cluster: str = KERNEL_KEYS["cluster"]  # ws only: "1x1", "2x1" (multicast B) or "1x2" (multicast A)
     split_reduce: str = KERNEL_KEYS["split_reduce"]  # split-K's sum: "workspace" (2nd kernel) or "cluster" (in smem)
-    c_store: str = KERNEL_KEYS["c_store"]  # ws/pingpong: C "staged" through shared memory or "direct" from registers
 
     @classmethod
     def normalize(cls, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -219,11 +218,11 @@ def check_config(
     K: int, in_dtype: str, block_M: object, block_N: object, block_K: object, num_stages: object,
     thread_num: object, enable_rasterization: object, panel_size: object, split_k: object,
     warp_policy: object = "square", persistent: object = 0, variant: object = "pipelined", cluster: object = "1x1",
-    split_reduce: object = "workspace", c_store: object = "staged",
+    split_reduce: object = "workspace",
 ) -> None:
     """The carver's config rules that need only K and the dtype (M = N = 1 stands in for the rest)."""
     config = dict(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages, thread_num=thread_num,
                   enable_rasterization=enable_rasterization, panel_size=panel_size, split_k=split_k,
                   warp_policy=warp_policy, persistent=persistent, variant=variant, cluster=cluster,
-                  split_reduce=split_reduce, c_store=c_store)
+                  split_reduce=split_reduce)
     require_matmul_config(MatmulProblem(1, 1, K, in_dtype), config, kernel_keys=True)

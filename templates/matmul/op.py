@@ -80,7 +80,7 @@ FINALIST_MARGIN, MAX_FINALISTS = 0.08, 6
 def gemm(M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, block_K: int, num_stages: int,
          thread_num: int, enable_rasterization: bool, panel_size: int = 10, split_k: int = 1,
          warp_policy: str = "square", persistent: int = 0, variant: str = "pipelined", cluster: str = "1x1",
-         split_reduce: str = "workspace", c_store: str = "staged") -> Any:
+         split_reduce: str = "workspace") -> Any:
     """The op's GEMM factory: ``y = x @ W.T``, x ``(M, K)``, W ``(N, K)``, y ``(M, N)``, all ``dtype``.
     ``M`` is an int or a symbolic ``T.dynamic("M")``; then M = 1 stands in for it in the carver's rules
     (the config was checked at its bucket's edge when it was tuned)."""
@@ -89,7 +89,7 @@ def gemm(M: Any, N: int, K: int, dtype: str, block_M: int, block_N: int, block_K
     config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
                           thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
                           split_k=split_k, warp_policy=warp_policy, persistent=persistent, variant=variant,
-                          cluster=cluster, split_reduce=split_reduce, c_store=c_store)
+                          cluster=cluster, split_reduce=split_reduce)
     return program(problem, config, M_var=M if symbolic else None)
 
 

@@ -74,7 +74,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
         M = M_var
     in_dtype, out_dtype, accum_dtype = problem.in_dtype, problem.out_dtype, problem.accum_dtype
     block_M, block_N, block_K, num_stages, thread_num, enable_rasterization, panel_size, split_k, warp_policy, \
-        persistent, _, _, split_reduce, _ = (getattr(config, k) for k in CONFIG_KEYS)
+        persistent, _, _, split_reduce = (getattr(config, k) for k in CONFIG_KEYS)
     policy = {"square": T.GemmWarpPolicy.Square, "full_row": T.GemmWarpPolicy.FullRow,
               "full_col": T.GemmWarpPolicy.FullCol}[warp_policy]
     A_shape = (K, M) if trans_A else (M, K)
@@ -253,7 +253,6 @@ def kernel(
     variant: str = "pipelined",
     cluster: str = "1x1",
     split_reduce: str = "workspace",
-    c_store: str = "staged",
 ) -> "PrimFunc":
     """:func:`program` with loose arguments: the kernel function with reserved parameters, as TileLang's
     examples write it (``functools.partial(kernel, M, N, K)`` is a kernel for TileLang's AutoTuner).
@@ -262,5 +261,5 @@ def kernel(
     config = MatmulConfig(block_M=block_M, block_N=block_N, block_K=block_K, num_stages=num_stages,
                           thread_num=thread_num, enable_rasterization=enable_rasterization, panel_size=panel_size,
                           split_k=split_k, warp_policy=warp_policy, persistent=persistent, variant=variant,
-                          cluster=cluster, split_reduce=split_reduce, c_store=c_store)
+                          cluster=cluster, split_reduce=split_reduce)
     return program(problem, config)

@@ -93,8 +93,7 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
     B_shape = (N, K) if trans_B else (K, N)
     A_ring = (S, bK, bM) if trans_A else (S, bM, bK)
     B_ring = (S, bN, bK) if trans_B else (S, bK, bN)
-    direct = config.c_store == "direct"  # C from the accumulator's registers, no staging tile
-    tma_store = not direct and N * problem.out_bytes % 16 == 0  # else T.copy's predicated stores
+    tma_store = N * problem.out_bytes % 16 == 0  # else T.copy's predicated stores
     # Multicast: 1x2 pairs N tiles (grid x) sharing A; 2x1 pairs M tiles (grid x) sharing B.
     mask_A = (1 << csize) - 1 if cn > 1 else None
     mask_B = (1 << csize) - 1 if cm > 1 else None
@@ -153,12 +152,10 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
     @T.macro
     def epilogue(C, C_local, C_s, empty, last, tm, tn, tx):
         """Consumers: drain the last batch, release its stage, and store C (by TMA, waited for only before the
-        next tile's C overwrites the staging tile; or straight from the registers)."""
+        next tile's C overwrites the staging tile)."""
         T.wait_wgmma(0)
         release(empty, last, tx)  # the ring runs on into the next tile
-        if direct:
-            T.copy(C_local, C[tm * bM, tn * bN])
-        elif tma_store:
+        if tma_store:
             T.tma_store_wait(0)  # the previous tile's store has read C_s
             T.copy(C_local, C_s)
             T.tma_copy(C_s, C[tm * bM:(tm + 1) * bM, tn * bN:(tn + 1) * bN])
@@ -208,8 +205,8 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                 empty = T.alloc_barrier([cwarps] * S)  # a stage's reader: one warpgroup, 4 warps
                 C0 = T.alloc_fragment((bM, bN), accum_dtype)  # warpgroup 0's tile
                 C1 = T.alloc_fragment((bM, bN), accum_dtype)  # warpgroup 1's
-                C_s0 = None if direct else T.alloc_shared((bM, bN), out_dtype)  # their staging tiles: two stores
-                C_s1 = None if direct else T.alloc_shared((bM, bN), out_dtype)  # may overlap
+                C_s0 = T.alloc_shared((bM, bN), out_dtype)  # and their staging tiles: two stores may overlap
+                C_s1 = T.alloc_shared((bM, bN), out_dtype)
                 sched = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=persistent, swizzle_size=swizzle,
                                                   stateful=False)
                 tx = T.get_thread_binding()
@@ -231,7 +228,7 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                 A_s = T.alloc_shared(A_ring, in_dtype)
                 B_s = T.alloc_shared(B_ring, in_dtype)
                 C_local = T.alloc_fragment((bM, bN), accum_dtype)
-                C_s = None if direct else T.alloc_shared((bM, bN), out_dtype)
+                C_s = T.alloc_shared((bM, bN), out_dtype)
                 full = T.alloc_barrier([WS_PRODUCER_THREADS] * S)
                 empty = T.alloc_barrier([cwarps] * S)
                 sched = T.PersistentTileScheduler(m_tiles, n_tiles, num_workers=persistent, swizzle_size=swizzle,
@@ -261,7 +258,7 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
             A_s = T.alloc_shared(A_ring, in_dtype)
             B_s = T.alloc_shared(B_ring, in_dtype)
             C_local = T.alloc_fragment((bM, bN), accum_dtype)
-            C_s = None if direct else T.alloc_shared((bM, bN), out_dtype)
+            C_s = T.alloc_shared((bM, bN), out_dtype)
             full = T.alloc_barrier([WS_PRODUCER_THREADS] * S)
             if csize > 1:
                 empty = T.alloc_cluster_barrier([cwarps * csize] * S)
@@ -286,11 +283,8 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                 for ko in T.serial(k_tiles):
                     mma(A_s, B_s, C_local, full, empty, ko, ko, tx)
                 T.wait_wgmma(0)
-                if direct:
-                    T.copy(C_local, C[tm * bM, tn * bN])
-                else:
-                    T.copy(C_local, C_s)
-                    T.copy(C_s, C[tm * bM, tn * bN])
+                T.copy(C_local, C_s)
+                T.copy(C_s, C[tm * bM, tn * bN])
             if csize > 1:
                 T.cluster_sync()  # no CTA leaves while its peer may still arrive on its barriers
 
