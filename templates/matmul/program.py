@@ -103,7 +103,10 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
                                                   stateful=False)
                 for w in T.serial(waves):
                     tm, tn = sched.coord(w * persistent + cta)
-                    if tm < m_tiles and tn < n_tiles:
+                    # the tile's index, not its decoded coordinates (the same tiles: the scheduler maps [0, tiles)
+                    # onto the grid); on the coordinates TileLang 0.1.15's ThreadSync failed to lower C's store
+                    # sync on some grids (1664x4096, 2304x7168 and 2560x14336 in 128x256 tiles on 132 CTAs)
+                    if w * persistent + cta < m_tiles * n_tiles:
                         T.clear(C_local)
                         for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                             if trans_A:
