@@ -77,11 +77,11 @@ def test_compile_failures_are_recorded_and_never_fatal():
 def test_hung_compile_is_killed_at_its_timeout(backend):
     configs = [dict(block_M=32), dict(block_M=64, hang=True)]
     t0 = time.perf_counter()
-    result = tune(add_failing, configs, compile_timeout=4, backend=backend)
+    result = tune(add_failing, configs, compile_timeout=10, backend=backend)
     assert time.perf_counter() - t0 < 60
     hung = [t for t in result.trials if t.config.get("hang")][0]
-    assert hung.status == "timeout" and "compile_timeout=4" in hung.error
-    assert 4 <= hung.compile_s < 30
+    assert hung.status == "timeout" and "compile_timeout=10" in hung.error
+    assert 10 <= hung.compile_s < 40
     assert result.config == dict(block_M=32)
 
 
@@ -110,7 +110,7 @@ def test_a_config_validate_cannot_judge_costs_that_config_only(fault):
 
     def tuner(configs, v=None):
         return (AutoTuner.from_kernel(add, configs, validate=v)
-                .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c", compile_timeout=2)
+                .set_compile_args(out_idx=[-1], ref_prog=ref_add, target="c", compile_timeout=6)
                 .set_tuning(n_jobs=1, progress=False))
 
     good, bad = tune_all([tuner([dict(block_M=16), dict(block_M=32)]),
@@ -118,7 +118,7 @@ def test_a_config_validate_cannot_judge_costs_that_config_only(fault):
     assert good.config in (dict(block_M=16), dict(block_M=32)) and bad.config == dict(block_M=32)
     refused = bad.trials[1]
     assert refused.status == "resource_error" and refused.compile_s is None, refused
-    assert ("within 2 s" if fault == "hang" else "KeyError") in refused.error, refused.error
+    assert ("within 6 s" if fault == "hang" else "KeyError") in refused.error, refused.error
 
 
 def test_nothing_survives_says_what_failed():

@@ -316,19 +316,19 @@ def test_resumed_trials_for_other_configs_are_measured_again():
 def test_a_factory_that_hangs_for_the_first_config_costs_one_trial():
     t0 = time.perf_counter()
     result = tuner(add_failing, [dict(block_M=64, hang=True), dict(block_M=32)], out_idx=[-1],
-                   compile_timeout=4).run(1, 2)
+                   compile_timeout=10).run(1, 2)
     assert time.perf_counter() - t0 < 60
     assert [t.status for t in result.trials] == [Status.TIMEOUT, Status.OK]
 
 
 def test_a_factory_that_hangs_on_the_warm_path_ends_in_an_error_not_a_hang(monkeypatch):
-    first = _tune_helper(compile_timeout=3)
+    first = _tune_helper(compile_timeout=6)
     winner = first.config["block_M"]
     monkeypatch.setattr(trust_helper, "hang_for", lambda block_M: block_M == winner)
     t0 = time.perf_counter()
-    with pytest.raises(TuningError, match=r"did not return within 3 s"):
-        _tune_helper(compile_timeout=3)
-    assert time.perf_counter() - t0 < 30
+    with pytest.raises(TuningError, match=r"did not return within 6 s"):
+        _tune_helper(compile_timeout=6)
+    assert time.perf_counter() - t0 < 40
 
 
 # ---------------------------------------------------------------------------------------------
