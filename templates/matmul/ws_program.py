@@ -138,8 +138,8 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
             release(empty, it + S - 1, tx)
 
     if persistent:
-        waves = math.ceil(m_tiles * n_tiles / persistent) if M_var is None else \
-            T.ceildiv(m_tiles * n_tiles, persistent)
+        tiles = m_tiles * n_tiles  # a CTA's w-th tile is w * persistent + cta, while that is below this
+        waves = math.ceil(tiles / persistent) if M_var is None else T.ceildiv(tiles, persistent)
         swizzle = config.panel_size if config.enable_rasterization else 1
 
     @T.macro
@@ -169,13 +169,11 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
         T.set_max_nreg(PRODUCER_REGS, 0)
         for w in T.serial(waves):
             tm, tn = sched.coord(w * persistent + cta)
-            if w * persistent + cta < m_tiles * n_tiles:  # the consumers' test: see the persistent form's
+            if w * persistent + cta < tiles:  # the consumers' test: see the persistent form's
                 for ko in T.serial(k_tiles):
                     load(A, B, A_s, B_s, full, empty, w * k_tiles + ko, ko, tm, tn)
 
     if pingpong:
-        tiles = m_tiles * n_tiles
-
         @T.macro
         def take_turns(C, A_s, B_s, C_local, C_s, full, empty, sched, cta, tx, p):
             """Ping-pong warpgroup ``p``: the CTA's tiles ``w = 2 h + p``, each main loop in its turn (waited for
@@ -243,7 +241,7 @@ def ws_program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None"
                         # the tile's index, not its coordinates (the scheduler maps [0, tiles) onto the grid, so
                         # the two tests agree): on the coordinates, TileLang 0.1.15's ThreadSync failed to lower
                         # C's store sync at 16x16 tiles on 132 CTAs ("176 participating threads")
-                        if w * persistent + cta < m_tiles * n_tiles:
+                        if w * persistent + cta < tiles:
                             mainloop(A_s, B_s, C_local, full, empty, w * k_tiles, tx)
                             epilogue(C, C_local, C_s, empty, w * k_tiles + k_tiles - 1, tm, tn, tx)
                     T.tma_store_wait(0)
