@@ -219,8 +219,9 @@ def reg_space(K: int) -> list[dict]:
 
 
 def sm_space(K: int, deep: bool = False) -> list[dict]:
-    """The ``sm`` grid: with and without TMA; ``deep``: cp.async only, smaller K tiles, deeper pipelines."""
-    grid = ((16, 32, 64), (64, 128, 256), (32, 64, 128), (4, 6, 8), (False,)) if deep else \
+    """The ``sm`` grid: with and without TMA; ``deep``: cp.async only, smaller K tiles, deeper pipelines,
+    and 8-column tiles (one warp, one m16n8k16 column: 512 CTAs for N = 4096)."""
+    grid = ((8, 16, 32, 64), (64, 128, 256), (32, 64, 128), (4, 6, 8), (False,)) if deep else \
         ((16, 32, 64), (256, 512, 1024), (32, 64, 128), (2, 4), (True, False))
     out = []
     for bn, bk, th, st, tma in itertools.product(*grid):
