@@ -88,7 +88,8 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
         # epilogue and the pipeline fill stop costing a full tile each. No shared buffer is reused
         # across tiles, so C's staging tile sits beside the A/B stages (see `separate_c_smem_bytes`).
         m_tiles, n_tiles = math.ceil(M / block_M) if M_var is None else T.ceildiv(M, block_M), math.ceil(N / block_N)
-        waves = math.ceil(m_tiles * n_tiles / persistent) if M_var is None else T.ceildiv(m_tiles * n_tiles, persistent)
+        tiles = m_tiles * n_tiles  # a CTA's w-th tile is w * persistent + cta, while that is below this
+        waves = math.ceil(tiles / persistent) if M_var is None else T.ceildiv(tiles, persistent)
         swizzle = panel_size if enable_rasterization else 1
 
         @T.prim_func
@@ -106,7 +107,7 @@ def program(problem: MatmulProblem, config: MatmulConfig, M_var: "Var | None" = 
                     # the tile's index, not its decoded coordinates (the same tiles: the scheduler maps [0, tiles)
                     # onto the grid); on the coordinates TileLang 0.1.15's ThreadSync failed to lower C's store
                     # sync on some grids (1664x4096, 2304x7168 and 2560x14336 in 128x256 tiles on 132 CTAs)
-                    if w * persistent + cta < m_tiles * n_tiles:
+                    if w * persistent + cta < tiles:
                         T.clear(C_local)
                         for k in T.Pipelined(T.ceildiv(K, block_K), num_stages=num_stages):
                             if trans_A:
